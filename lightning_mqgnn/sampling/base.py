@@ -1,0 +1,63 @@
+"""What every sampler shares: the ``Sampler`` protocol and the local-id relabelling."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from lightning_mqgnn.sampling.batch import MiniBatch
+
+
+def segment_arange(counts: Tensor) -> Tensor:
+    """``[0..c0-1, 0..c1-1, ...]`` for segment lengths ``counts``."""
+    total = int(counts.sum())
+    starts = torch.cumsum(counts, 0) - counts
+    return torch.arange(total) - torch.repeat_interleave(starts, counts, output_size=total)
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Turns seed (output) node ids into a ``MiniBatch`` of ``num_layers`` blocks.
+
+    Samplers are picklable and draw from torch's global generator of the process they run in,
+    so pipeline workers seed them once. ``aggregation`` names the exact operator the sampled
+    blocks estimate (``"gcn"``: D^-1/2 (A+I) D^-1/2, eq. 2; ``"mean"``: neighbour mean, eq. 17),
+    which validation and test inference then use without sampling.
+    """
+
+    num_layers: int
+    aggregation: str
+
+    def sample(self, seeds: Tensor) -> MiniBatch: ...
+
+
+class Relabeler:
+    """Maps global node ids to block-local ids with a reusable scratch array.
+
+    Keeps the destination nodes as a prefix of the sources (for SAGE's self features) in O(batch)
+    time: no sort over all ``N`` nodes, no hash map. One instance per process; not thread-safe.
+    """
+
+    def __init__(self, num_nodes: int):
+        self.num_nodes = num_nodes
+        self._slot: Tensor | None = None
+
+    def __getstate__(self) -> dict:
+        return {"num_nodes": self.num_nodes, "_slot": None}  # the scratch array is not shipped
+
+    def __call__(self, prefix: Tensor, others: Tensor) -> tuple[Tensor, Tensor]:
+        """Return ``(nodes, local)``: ``nodes`` = ``prefix`` then the new ids of ``others`` in
+        ascending order, and ``local`` = the position of every entry of ``others`` in ``nodes``.
+        ``prefix`` must hold distinct ids."""
+        if self._slot is None:
+            self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64)
+        slot = self._slot
+        slot[prefix] = torch.arange(prefix.numel())
+        new = torch.unique(others[slot[others] < 0])
+        slot[new] = torch.arange(prefix.numel(), prefix.numel() + new.numel())
+        local = slot[others]
+        nodes = torch.cat([prefix, new])
+        slot[nodes] = -1  # leave the scratch clean for the next call
+        return nodes, local

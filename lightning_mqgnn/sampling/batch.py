@@ -1,0 +1,123 @@
+"""The mini-batch types every sampler returns and every model consumes.
+
+A ``Block`` is one layer's bipartite graph (DGL calls it an MFG): ``num_dst`` destination rows,
+each listing source-local ids with one weight per edge. Weights carry every normalisation and
+importance/debias factor, so a layer computes ``out[i] = sum_e w_e * h_src[src_e]`` and never
+re-normalises on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Block:
+    """One layer of a mini-batch: CSR of ``dst -> src-local`` with per-edge weights.
+
+    When ``dst_in_src`` is true the first ``num_dst`` source nodes are the destination nodes
+    themselves (node-wise samplers), so a layer may read self features as ``h[:num_dst]``.
+    """
+
+    num_dst: int
+    num_src: int
+    indptr: Tensor  # int64 [num_dst + 1]
+    indices: Tensor  # int64 [nnz], in [0, num_src)
+    weights: Tensor  # float32 [nnz]
+    dst_in_src: bool = True
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.numel())
+
+    def dst_ids(self) -> Tensor:
+        """Destination row of every edge (COO row vector)."""
+        counts = self.indptr[1:] - self.indptr[:-1]
+        return torch.repeat_interleave(
+            torch.arange(self.num_dst, device=self.indptr.device), counts, output_size=self.num_edges
+        )
+
+    def adjacency(self) -> Tensor:
+        """The weighted ``num_dst x num_src`` matrix as a sparse CSR tensor."""
+        return torch.sparse_csr_tensor(
+            self.indptr, self.indices, self.weights, size=(self.num_dst, self.num_src)
+        )
+
+    def aggregate(self, h_src: Tensor) -> Tensor:
+        """Weighted sum of source rows into each destination: ``A_block @ h_src``."""
+        if h_src.shape[0] != self.num_src:
+            raise ValueError(f"block expects {self.num_src} source rows, got {h_src.shape[0]}")
+        out = h_src.new_zeros(self.num_dst, h_src.shape[1])
+        if self.num_edges == 0:
+            return out
+        msg = h_src.index_select(0, self.indices) * self.weights.to(h_src.dtype).unsqueeze(1)
+        return out.index_add_(0, self.dst_ids(), msg)
+
+    def map(self, fn: Callable[[Tensor], Tensor]) -> Block:
+        """Apply ``fn`` to every tensor (device moves, pinning)."""
+        return replace(self, indptr=fn(self.indptr), indices=fn(self.indices), weights=fn(self.weights))
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Block:
+        return self.map(lambda t: t.to(device, non_blocking=non_blocking))
+
+
+@dataclass
+class MiniBatch:
+    """A sampled computation graph for ``output_nodes``; ``blocks[0]`` is the input layer.
+
+    ``input_nodes`` are the global ids of ``blocks[0]``'s sources. Samplers fill the structure;
+    the gather stage fills ``features`` (rows of ``input_nodes``) and ``labels`` (of
+    ``output_nodes``). With a device feature cache, ``cache_slots[i]`` is the cache row of input
+    node ``i`` (or -1) and ``features`` holds only the uncached rows, in input order.
+    """
+
+    input_nodes: Tensor
+    output_nodes: Tensor
+    blocks: list[Block]
+    features: Tensor | None = None
+    labels: Tensor | None = None
+    cache_slots: Tensor | None = None
+    meta: dict = field(default_factory=dict)  # small per-batch facts (batch index, timings)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
+    def _map_tensors(self, fn: Callable[[Tensor], Tensor]) -> MiniBatch:
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                value = fn(value)
+            elif f.name == "blocks":
+                value = [b.map(fn) for b in value]
+            out[f.name] = value
+        return MiniBatch(**out)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> MiniBatch:
+        return self._map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> MiniBatch:
+        return self._map_tensors(lambda t: t.pin_memory())
+
+    def record_stream(self, stream: torch.cuda.Stream) -> None:
+        """Tell the caching allocator these tensors are used on ``stream`` (side-stream hand-off)."""
+        self._map_tensors(lambda t: (t.record_stream(stream), t)[1])
+
+    def input_features(self, cache: Tensor | None = None) -> Tensor:
+        """Feature rows of ``input_nodes``, merging cached rows from ``cache`` when present."""
+        if self.features is None:
+            raise ValueError("mini-batch has no gathered features; run the gather stage first")
+        if self.cache_slots is None:
+            return self.features
+        if cache is None:
+            raise ValueError("mini-batch was gathered against a feature cache, but none was given")
+        hit = self.cache_slots >= 0
+        out = self.features.new_empty(self.input_nodes.numel(), self.features.shape[1])
+        out[hit] = cache.index_select(0, self.cache_slots[hit])
+        out[~hit] = self.features
+        return out
