@@ -1,0 +1,5 @@
+from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference
+from lightning_mqgnn.models.layers import GCNLayer, SAGELayer
+from lightning_mqgnn.models.node_classifier import NodeClassifier
+
+__all__ = ["FullGraphBatch", "FullGraphInference", "GCNLayer", "NodeClassifier", "SAGELayer"]
