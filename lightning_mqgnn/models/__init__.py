@@ -1,5 +1,12 @@
-from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference
+from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference, FullGraphLoader
 from lightning_mqgnn.models.layers import GCNLayer, SAGELayer
 from lightning_mqgnn.models.node_classifier import NodeClassifier
 
-__all__ = ["FullGraphBatch", "FullGraphInference", "GCNLayer", "NodeClassifier", "SAGELayer"]
+__all__ = [
+    "FullGraphBatch",
+    "FullGraphInference",
+    "FullGraphLoader",
+    "GCNLayer",
+    "NodeClassifier",
+    "SAGELayer",
+]

@@ -74,3 +74,16 @@ class FullGraphInference:
             if not last:
                 h = between(h)
         return h
+
+
+class FullGraphLoader:
+    """A loader of exactly one ``FullGraphBatch`` (Lightning reads a list as several loaders)."""
+
+    def __init__(self, dataset: GraphDataset, nodes: Tensor, split: str):
+        self.batch = FullGraphBatch(dataset, nodes, split)
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self):
+        yield self.batch

@@ -1,0 +1,104 @@
+"""Training callbacks of the paper's protocol: batch-level early stopping and batch timing."""
+
+from __future__ import annotations
+
+import time
+
+import lightning.pytorch as pl
+import torch
+
+
+def trimmed_mean(values: list[float], trim: int = 20) -> float:
+    """Mean with the first and last ``trim`` values dropped (the paper's batch time); the plain
+    mean when there are too few values to trim."""
+    kept = values[trim:-trim] if len(values) > 2 * trim else values
+    return float(sum(kept) / len(kept)) if kept else float("nan")
+
+
+class BatchEarlyStopping(pl.Callback):
+    """Stop when ``monitor`` has not improved by at least ``min_delta`` for ``patience_batches``
+    consecutive training batches (paper: 0.01 over 200 batches).
+
+    Counted in batches, not validation rounds, so the rule does not depend on how often
+    validation runs (``Trainer(val_check_interval=N)``).
+    """
+
+    def __init__(self, monitor: str = "val/metric", min_delta: float = 0.01, patience_batches: int = 200):
+        self.monitor = monitor
+        self.min_delta = min_delta
+        self.patience_batches = patience_batches
+        self.best = -float("inf")
+        self.best_step = 0
+        self.stopped_step: int | None = None
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or self.monitor not in trainer.callback_metrics:
+            return
+        value = float(trainer.callback_metrics[self.monitor])
+        step = trainer.global_step
+        if value >= self.best + self.min_delta:
+            self.best, self.best_step = value, step
+        elif step - self.best_step >= self.patience_batches:
+            self.stopped_step = step
+            trainer.should_stop = True
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "best_step": self.best_step}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.best, self.best_step = state_dict["best"], state_dict["best_step"]
+
+
+class BatchTimer(pl.Callback):
+    """Wall time of every training batch (from the previous batch's end, so waiting for data
+    counts; validation time does not) and the total training time of ``fit``."""
+
+    def __init__(self, trim: int = 20):
+        self.trim = trim
+        self.batch_times: list[float] = []
+        self.train_time = 0.0
+        self._last = 0.0
+        self._fit_start = 0.0
+        self._val_time = 0.0
+        self._val_start = 0.0
+
+    @staticmethod
+    def _now(pl_module: pl.LightningModule) -> float:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        return time.perf_counter()
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.batch_times.clear()
+        self._val_time = 0.0
+        self._fit_start = self._now(pl_module)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last = self._now(pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = self._now(pl_module)
+        self.batch_times.append(now - self._last)
+        self._last = now
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._val_start = self._now(pl_module)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        spent = self._now(pl_module) - self._val_start
+        self._val_time += spent
+        self._last += spent  # the next batch's time excludes validation
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.train_time = self._now(pl_module) - self._fit_start - self._val_time
+
+    @property
+    def batch_time(self) -> float:
+        return trimmed_mean(self.batch_times, self.trim)
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "batches": len(self.batch_times),
+            "batch_time_ms": 1000.0 * self.batch_time,
+            "train_time_s": self.train_time,
+        }

@@ -1,0 +1,134 @@
+"""Train a node classifier: ``python recipes/train.py model=sage data=cora [key=value ...]``.
+
+Prints the best validation metric, the test metric of the best-validation checkpoint, the paper's
+batch time and the training time. Bad input ends with one ``error:`` line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import hydra
+import lightning.pytorch as pl
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+import lightning_mqgnn  # noqa: F401  (registers the strategy names)
+from lightning_mqgnn.callbacks import BatchEarlyStopping, BatchTimer
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+OmegaConf.register_new_resolver("repo_root", lambda: str(REPO), replace=True)
+
+
+class RecipeError(Exception):
+    """A problem with the user's input, reported as one line."""
+
+
+def check_config_names(argv: list[str]) -> None:
+    """Reject ``group=name`` overrides whose config file does not exist, before Hydra prints
+    several lines about it."""
+    for arg in argv:
+        if "=" not in arg or arg.startswith(("-", "+", "~", "hydra")):
+            continue
+        key, value = arg.split("=", 1)
+        group = CONF / key
+        if group.is_dir() and "," not in value and not (group / f"{value}.yaml").exists():
+            options = ", ".join(sorted(p.stem for p in group.glob("*.yaml")))
+            raise RecipeError(f"unknown {key} config {value!r} (available: {options})")
+
+
+def validation_schedule(val_every: int, batches_per_epoch: int, max_epochs: int) -> dict:
+    """Trainer arguments that validate every ``val_every`` batches, also when an epoch is shorter
+    (then every few epochs, but at least once before ``max_epochs`` ends)."""
+    if val_every <= batches_per_epoch:
+        return {"val_check_interval": val_every, "check_val_every_n_epoch": 1}
+    every = math.ceil(val_every / batches_per_epoch)
+    if max_epochs > 0:
+        every = min(every, max_epochs)
+    return {"val_check_interval": 1.0, "check_val_every_n_epoch": every}
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    pl.seed_everything(cfg.seed, workers=True)
+    dataset = instantiate(cfg.data)
+    print(dataset.summary(), flush=True)
+    sampler = instantiate(cfg.model.sampler)(graph=dataset.graph)
+    module = instantiate(cfg.model.module)(
+        in_dim=dataset.num_features,
+        num_classes=dataset.num_classes,
+        metric=dataset.metric,
+        multilabel=dataset.multilabel,
+    )
+    if sampler.aggregation != module.aggregation:
+        raise RecipeError(
+            f"model {cfg.model.name!r}: sampler aggregation {sampler.aggregation!r} does not match "
+            f"the layers' {module.aggregation!r}"
+        )
+    if sampler.num_layers != len(module.layers):
+        raise RecipeError(
+            f"model {cfg.model.name!r}: sampler has {sampler.num_layers} layers, model {len(module.layers)}"
+        )
+    datamodule = instantiate(cfg.loader)(dataset=dataset, sampler=sampler)
+
+    timer = BatchTimer()
+    checkpoint = ModelCheckpoint(monitor="val/metric", mode="max", save_top_k=1, filename="best")
+    stopper = BatchEarlyStopping(**cfg.early_stopping)
+    # a strategy config is either a Lightning registry name ({name: ddp}) or a _target_ to build
+    strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
+    world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes) if str(cfg.trainer.devices).isdigit() else 1
+    batches = datamodule_batches(datamodule, world)
+    trainer = instantiate(
+        cfg.trainer,
+        callbacks=[timer, checkpoint, stopper],
+        strategy=strategy,
+        **validation_schedule(cfg.val_every_batches, batches, int(cfg.trainer.get("max_epochs") or -1)),
+    )
+    trainer.fit(module, datamodule=datamodule)
+    result = {"val": float(checkpoint.best_model_score or float("nan"))}
+    if cfg.test:
+        tested = trainer.test(module, datamodule=datamodule, ckpt_path="best", verbose=False)
+        result["test"] = float(tested[0]["test/metric"])
+    result.update(timer.summary())
+    if trainer.global_rank == 0:
+        print(
+            f"RESULT model={cfg.model.name} data={dataset.name} val={result['val']:.4f} "
+            f"test={result.get('test', float('nan')):.4f} batches={result['batches']} "
+            f"batch_time_ms={result['batch_time_ms']:.2f} train_time_s={result['train_time_s']:.1f}",
+            flush=True,
+        )
+    return result
+
+
+def datamodule_batches(datamodule, world_size: int) -> int:
+    from lightning_mqgnn.pipeline.schedule import num_batches
+
+    n = datamodule.dataset.train_idx.numel()
+    return num_batches(n, datamodule.batch_size, world_size, datamodule.drop_last)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    try:
+        train(cfg)
+    except (RecipeError, ValueError, FileNotFoundError, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except (InstantiationException, OmegaConfBaseException) as err:
+        cause = err.__cause__ or err
+        print(f"error: {str(cause).splitlines()[0]}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    try:
+        check_config_names(sys.argv[1:])
+    except RecipeError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    main()

@@ -1,0 +1,96 @@
+"""Node-wise sampling: structure of the blocks and unbiasedness of the weighted aggregation."""
+
+import pytest
+import torch
+
+from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.sampling.exact import edge_weights, full_block
+from lightning_mqgnn.sampling.neighbor import NeighborSampler, sample_neighbor_edges
+
+
+def random_graph(n=300, m=2400, seed=0) -> CSRGraph:
+    g = torch.Generator().manual_seed(seed)
+    src, dst = torch.randint(0, n, (m,), generator=g), torch.randint(0, n, (m,), generator=g)
+    # node n-1 stays isolated on purpose
+    keep = (src != n - 1) & (dst != n - 1)
+    return CSRGraph.from_edges(src[keep], dst[keep], n, symmetrize=True)
+
+
+def exact_aggregate(graph, seeds, aggregation, h):
+    block, _ = full_block(graph, seeds, *edge_weights(graph, aggregation))
+    return block.aggregate(h)
+
+
+@pytest.mark.parametrize("aggregation", ["gcn", "mean"])
+@pytest.mark.parametrize("replace", [False, True])
+def test_monte_carlo_mean_matches_exact_aggregation(aggregation, replace):
+    torch.manual_seed(1)
+    graph = random_graph()
+    h = torch.randn(graph.num_nodes, 4, dtype=torch.float64)
+    seeds = torch.arange(0, graph.num_nodes, 7)
+    exact = exact_aggregate(graph, seeds, aggregation, h.float()).double()
+    sampler = NeighborSampler(graph, [3], aggregation, replace)
+    estimates = []
+    for _ in range(800):
+        batch = sampler.sample(seeds)
+        block = batch.blocks[0]
+        estimates.append(torch.sparse.mm(block.adjacency().to(torch.float64), h[batch.input_nodes]))
+    est = torch.stack(estimates)
+    stderr = est.std(0) / est.shape[0] ** 0.5
+    # within 5 standard errors everywhere (+ float32 weight rounding); a biased estimator, e.g.
+    # one missing the deg/s factor of eq. 3, misses by many standard errors
+    assert ((est.mean(0) - exact).abs() <= 5 * stderr + 1e-4).all()
+    assert float(stderr.max()) < 0.1 * float(exact.abs().max())  # the check has resolving power
+
+
+def test_blocks_keep_destinations_as_source_prefix_and_respect_fanout():
+    torch.manual_seed(0)
+    graph = random_graph()
+    sampler = NeighborSampler(graph, [4, 2], "mean", replace=False)
+    seeds = torch.tensor([5, 17, 42, graph.num_nodes - 1])
+    batch = sampler.sample(seeds)
+    assert torch.equal(batch.output_nodes, seeds)
+    assert len(batch.blocks) == 2
+    top, bottom = batch.blocks[1], batch.blocks[0]
+    assert top.num_dst == 4 and bottom.num_dst == top.num_src
+    assert bottom.num_src == batch.input_nodes.numel()
+    # destinations are the first sources at every layer
+    layer1_nodes = batch.input_nodes[: bottom.num_dst]
+    assert torch.equal(layer1_nodes[:4], seeds)
+    counts = top.indptr[1:] - top.indptr[:-1]
+    assert int(counts.max()) <= 2
+    assert int(counts[-1]) == 0  # the isolated node has no neighbours and no crash
+    # without replacement a row never repeats a source, and every source is a true neighbour
+    for row in range(top.num_dst):
+        local = top.indices[top.indptr[row] : top.indptr[row + 1]]
+        assert local.unique().numel() == local.numel()
+        v = int(seeds[row])
+        nbrs = set(graph.indices[graph.indptr[v] : graph.indptr[v + 1]].tolist())
+        assert set(layer1_nodes[local].tolist()) <= nbrs
+
+
+def test_without_replacement_takes_every_neighbour_of_low_degree_nodes():
+    graph = CSRGraph.from_edges(torch.tensor([0, 0, 1]), torch.tensor([1, 2, 2]), 3, symmetrize=True)
+    counts, pos = sample_neighbor_edges(graph, torch.tensor([0, 1, 2]), 5, replace=False)
+    assert counts.tolist() == [2, 2, 2]
+    assert sorted(graph.indices[pos].tolist()) == [0, 0, 1, 1, 2, 2]
+
+
+def test_uniform_subset_frequencies():
+    # a star: node 0 with 10 neighbours, fan-out 3 -> each neighbour kept with probability 0.3
+    graph = CSRGraph.from_edges(torch.zeros(10, dtype=torch.long), torch.arange(1, 11), 11, symmetrize=True)
+    torch.manual_seed(3)
+    hits = torch.zeros(11)
+    for _ in range(4000):
+        _, pos = sample_neighbor_edges(graph, torch.tensor([0]), 3, replace=False)
+        hits[graph.indices[pos]] += 1
+    freq = hits[1:] / 4000
+    assert torch.allclose(freq, torch.full((10,), 0.3), atol=0.03)
+
+
+def test_invalid_fanouts_are_rejected():
+    graph = random_graph()
+    with pytest.raises(ValueError, match="fanouts"):
+        NeighborSampler(graph, [5, 0])
+    with pytest.raises(ValueError, match="aggregation"):
+        NeighborSampler(graph, [5], aggregation="max")
