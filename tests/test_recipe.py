@@ -1,0 +1,91 @@
+"""The Hydra recipe end to end, and its one-line errors on bad input."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+
+TRAIN = [sys.executable, str(REPO / "recipes" / "train.py")]
+
+
+def run_recipe(out_dir, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    cmd = [*TRAIN, *overrides, "trainer.enable_progress_bar=false", f"hydra.run.dir={out_dir}"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def result_fields(stdout: str) -> dict[str, str]:
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, stdout[-2000:]
+    return dict(item.split("=", 1) for item in lines[0].split()[1:])
+
+
+def assert_one_error_line(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
+
+
+def test_default_recipe_trains_on_the_generated_graph(tmp_path):
+    proc = run_recipe(tmp_path, "data.scale=0.02", "trainer.max_epochs=4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = result_fields(proc.stdout)
+    assert result["model"] == "sage"
+    # 40 classes: chance is 0.025; the generated graph is learnable
+    assert float(result["test"]) > 0.2
+    assert float(result["val"]) > 0.2
+    assert int(result["batches"]) > 0
+
+
+def test_unknown_config_name_is_one_error_line(tmp_path):
+    proc = run_recipe(tmp_path, "model=nonexistent_model")
+    line = assert_one_error_line(proc, "model", "nonexistent_model")
+    assert "sage" in line  # lists the available options
+
+
+def write_npz(path, **overrides):
+    n = 6
+    arrays = dict(
+        indptr=np.array([0, 1, 2, 3, 4, 5, 6]),
+        indices=np.array([1, 0, 3, 2, 5, 4]),
+        x_indptr=np.arange(n + 1),
+        x_indices=np.zeros(n, dtype=np.int64),
+        x_data=np.ones(n, dtype=np.float32),
+        x_shape=np.array([n, 2]),
+        y=np.array([0, 1, 0, 1, 0, 1]),
+        train_idx=np.array([0, 1]),
+        val_idx=np.array([2, 3]),
+        test_idx=np.array([4, 5]),
+        metric=np.array("accuracy"),
+    )
+    arrays.update(overrides)
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize(
+    "override,fragments",
+    [
+        ({"indices": np.array([1, 0, 3, 2, 5, 9])}, ["indices", "9"]),
+        ({"x_data": np.array([1, 1, np.nan, 1, 1, 1], dtype=np.float32)}, ["features", "nan"]),
+        ({"y": np.array([0, 1, 0, 1, 0, 7])}, ["label", "7"]),
+    ],
+)
+def test_malformed_npz_is_one_error_line(tmp_path, override, fragments):
+    bad = write_npz(tmp_path / "bad.npz", **override)
+    proc = run_recipe(tmp_path, "data=cora", f"data.path={bad}", "data.name=bad")
+    line = assert_one_error_line(proc)
+    low = line.lower()
+    for fragment in fragments:
+        assert fragment.lower() in low, line
+
+
+def test_missing_ogb_root_is_one_error_line(tmp_path):
+    proc = run_recipe(tmp_path, "data=arxiv", f"paths.ogb_root={tmp_path / 'nowhere'}")
+    assert_one_error_line(proc, "nowhere")
