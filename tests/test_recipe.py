@@ -5,7 +5,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import REPO
 
 TRAIN = [sys.executable, str(REPO / "recipes" / "train.py")]
@@ -73,8 +72,8 @@ def write_npz(path, **overrides):
     "override,fragments",
     [
         ({"indices": np.array([1, 0, 3, 2, 5, 9])}, ["indices", "9"]),
-        ({"x_data": np.array([1, 1, np.nan, 1, 1, 1], dtype=np.float32)}, ["features", "nan"]),
-        ({"y": np.array([0, 1, 0, 1, 0, 7])}, ["label", "7"]),
+        ({"x_data": np.array([1, 1, np.nan, 1, 1, 1], dtype=np.float32)}, ["x_data", "nan", "node 2"]),
+        ({"y": np.array([0, 1, 0, 1, 0, -3])}, ["label", "-3"]),
     ],
 )
 def test_malformed_npz_is_one_error_line(tmp_path, override, fragments):

@@ -1,0 +1,35 @@
+"""MQGNNStrategy (RaCoM gradient queues + periodic model sync) and its registry names."""
+
+from lightning.pytorch.strategies import StrategyRegistry
+
+from lightning_mqgnn.strategy.comm import CommStats
+from lightning_mqgnn.strategy.mqgnn import CHECKPOINT_KEY, MQGNNStrategy
+from lightning_mqgnn.strategy.stats_monitor import CommStatsMonitor
+from lightning_mqgnn.strategy.sync_period import (
+    DEFAULT_SYNC_SCALE,
+    FALLBACK_SYNC_PERIOD,
+    GraphSize,
+    graph_size_from_datamodule,
+    sync_period,
+)
+
+
+def register_strategies() -> None:
+    """Make ``Trainer(strategy="mqgnn")`` and ``"mqgnn_spawn"`` resolve (idempotent)."""
+    MQGNNStrategy.register_strategies(StrategyRegistry)
+
+
+register_strategies()
+
+__all__ = [
+    "CHECKPOINT_KEY",
+    "DEFAULT_SYNC_SCALE",
+    "FALLBACK_SYNC_PERIOD",
+    "CommStats",
+    "CommStatsMonitor",
+    "GraphSize",
+    "MQGNNStrategy",
+    "graph_size_from_datamodule",
+    "register_strategies",
+    "sync_period",
+]

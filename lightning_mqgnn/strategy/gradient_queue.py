@@ -1,0 +1,142 @@
+"""The RaCoM gradient queue: in-flight gradient all-reduces, applied `staleness` steps later."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_mqgnn.strategy.comm import PendingReduce, Reducer
+
+
+@dataclass
+class _Entry:
+    flats: list[Tensor]  # one flat buffer per (dtype, device) group: grads / world, then presence counts
+    pending: PendingReduce | None  # None once the reduction has completed
+    local_missing: bool  # this rank lacked a gradient: only then can a count be 0 (read it, a host sync)
+
+
+@dataclass(frozen=True)
+class _Group:
+    dtype: torch.dtype
+    device: torch.device
+    members: tuple[int, ...]  # indices into the parameter list
+    numel: int  # gradient elements (the buffer also holds one presence count per member)
+
+
+class GradientQueue:
+    """FIFO of gradient all-reduces started after each backward (eq. 20-21).
+
+    ``push`` flattens the local gradients, divides them by the world size (as DDP does) and starts a
+    sum all-reduce without waiting; ``apply_oldest`` waits for the oldest reduction and writes the averaged
+    gradient into ``.grad``. Applying only once more than ``staleness`` reductions are queued gives the
+    update rule W <- W - eta * grad_acc(t - staleness) (eq. 22 with a delayed eq. 21); staleness 0 is
+    synchronous DDP. A parameter keeps ``grad = None`` only when no rank produced a gradient for it.
+    """
+
+    def __init__(self, params: list[Tensor], staleness: int, reducer: Reducer) -> None:
+        if staleness < 0:
+            raise ValueError(f"GradientQueue: staleness must be >= 0, got {staleness!r}")
+        self.params = params
+        self.staleness = staleness
+        self.reducer = reducer
+        self._groups = self._group_params(params)
+        self._queue: deque[_Entry] = deque()
+
+    @staticmethod
+    def _group_params(params: list[Tensor]) -> list[_Group]:
+        by_key: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+        for i, p in enumerate(params):
+            by_key.setdefault((p.dtype, p.device), []).append(i)
+        return [
+            _Group(dtype, device, tuple(idx), sum(params[i].numel() for i in idx))
+            for (dtype, device), idx in by_key.items()
+        ]
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def ready(self) -> bool:
+        """True when a gradient at least ``staleness`` steps old is queued."""
+        return len(self._queue) > self.staleness
+
+    def push(self) -> None:
+        """Start the asynchronous all-reduce of the current local gradients."""
+        flats, missing = [], False
+        for group in self._groups:
+            grads = [self.params[i].grad for i in group.members]
+            pieces = [
+                g.reshape(-1) if g is not None else self.params[i].new_zeros(self.params[i].numel())
+                for i, g in zip(group.members, grads)
+            ]
+            # presence flags built on the device (a fill, no host-to-device copy)
+            pieces += [
+                self.params[i].new_full((1,), float(g is not None)) for i, g in zip(group.members, grads)
+            ]
+            missing = missing or any(g is None for g in grads)
+            flat = torch.cat(pieces)
+            flat[: group.numel].div_(self.reducer.world_size)
+            flats.append(flat)
+        self._queue.append(_Entry(flats, self.reducer.launch(flats), missing))
+
+    def apply_oldest(self) -> float:
+        """Wait for the oldest reduction, write it into ``.grad``; return the seconds spent blocked."""
+        entry = self._queue.popleft()
+        waited = self._complete(entry)
+        for group, flat in zip(self._groups, entry.flats):
+            # counts are >= 1 wherever this rank had a gradient; read them (host sync) only otherwise
+            counts = flat[group.numel :].tolist() if entry.local_missing else [1.0] * len(group.members)
+            offset = 0
+            for j, i in enumerate(group.members):
+                p = self.params[i]
+                n = p.numel()
+                p.grad = None if counts[j] == 0 else flat[offset : offset + n].view(p.shape)
+                offset += n
+        return waited
+
+    @staticmethod
+    def _complete(entry: _Entry) -> float:
+        if entry.pending is None:
+            return 0.0
+        start = time.perf_counter()
+        entry.pending.wait()
+        entry.pending = None
+        return time.perf_counter() - start
+
+    def drain(self) -> float:
+        """Wait for every in-flight reduction (before a checkpoint or teardown); keep the results queued."""
+        return sum(self._complete(entry) for entry in self._queue)
+
+    def clear(self) -> None:
+        self.drain()
+        self._queue.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Queued averaged gradients (completed first), on the CPU."""
+        self.drain()
+        return {
+            "staleness": self.staleness,
+            "group_numels": [g.numel + len(g.members) for g in self._groups],
+            "pending": [[flat.detach().cpu().clone() for flat in entry.flats] for entry in self._queue],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        expected = [g.numel + len(g.members) for g in self._groups]
+        if list(state["group_numels"]) != expected:
+            raise ValueError(
+                f"GradientQueue checkpoint: field 'group_numels' is {list(state['group_numels'])}, but this "
+                f"model's gradient buffers have {expected} elements (a different model or optimiser?)"
+            )
+        if len(state["pending"]) > self.staleness:
+            raise ValueError(
+                f"GradientQueue checkpoint: field 'pending' holds {len(state['pending'])} queued gradients, "
+                f"more than this strategy's staleness {self.staleness}"
+            )
+        self.clear()
+        for flats in state["pending"]:
+            moved = [f.to(device=g.device, dtype=g.dtype) for f, g in zip(flats, self._groups)]
+            self._queue.append(_Entry(moved, None, local_missing=True))

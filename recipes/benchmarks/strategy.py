@@ -1,0 +1,253 @@
+"""Benchmark: plain DDP vs MQGNNStrategy (RaCoM gradient queue), 2 CPU processes, same data and seeds.
+
+Measures time per step and time blocked on gradient communication, with the all-reduce as it is and
+with a SIMULATED network delay added to every all-reduce (a background thread completes the all-reduce
+`delay` ms late; the training thread only waits if it needs the result). Prints a markdown table and
+writes it to --out. A measurement, not a test: nothing here asserts timings.
+
+    python recipes/benchmarks/strategy.py --out BENCH_strategy.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+CONFIGS = {  # name: (strategy kind, staleness)
+    "DDPStrategy": ("ddp", None),
+    "mqgnn s=0": ("mqgnn", 0),
+    "mqgnn s=1": ("mqgnn", 1),
+    "mqgnn s=2": ("mqgnn", 2),
+}
+
+
+# ----------------------------------------------------------------------------- worker side (2 processes)
+class _DelayedHookState:
+    """State of the DDP comm hook: simulated delay and the time the last bucket was handed over."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.last_hook_call = 0.0
+        self.comm_wait_s = 0.0
+        self._executor: ThreadPoolExecutor | None = None
+
+    def executor(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="simulated-delay")
+        return self._executor
+
+
+def _delayed_allreduce_hook(state, bucket):  # no annotations: torch checks them against real classes
+    """DDP's default all-reduce (divide by world size, then sum), completed `delay_s` late (SIMULATED)."""
+    state.last_hook_call = time.perf_counter()
+    buffer = bucket.buffer().div_(dist.get_world_size())
+    work = dist.all_reduce(buffer, async_op=True)
+    if state.delay_s == 0:
+        return work.get_future().then(lambda fut: fut.value()[0])
+    result: torch.futures.Future = torch.futures.Future()
+
+    def complete_late() -> None:
+        work.wait()
+        time.sleep(state.delay_s)
+        result.set_result(buffer)
+
+    state.executor().submit(complete_late)
+    return result
+
+
+def _make_strategies():
+    from lightning.pytorch.strategies import DDPStrategy
+
+    class TimedDDPStrategy(DDPStrategy):
+        """Lightning's DDPStrategy with the comm hook above registered on CPU too (Lightning only does it
+        on CUDA); comm wait = end of backward - last bucket hand-over (DDP blocks there for the all-reduce)."""
+
+        def __init__(self, delay_s: float, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.hook_state = _DelayedHookState(delay_s)
+
+        def _register_ddp_hooks(self) -> None:
+            self.model.register_comm_hook(self.hook_state, _delayed_allreduce_hook)
+
+        def backward(self, closure_loss, optimizer, *args, **kwargs):
+            out = super().backward(closure_loss, optimizer, *args, **kwargs)
+            self.hook_state.comm_wait_s += max(0.0, time.perf_counter() - self.hook_state.last_hook_call)
+            return out
+
+    return TimedDDPStrategy
+
+
+def _run_worker(args: argparse.Namespace) -> None:
+    import lightning.pytorch as pl
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_mqgnn.strategy import MQGNNStrategy
+
+    torch.set_num_threads(1)
+    timed_ddp = _make_strategies()
+
+    class MLP(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            h = args.hidden
+            self.net = nn.Sequential(
+                nn.Linear(args.features, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10)
+            )
+
+        def training_step(self, batch, batch_idx):
+            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    class StepClock(pl.Callback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+            self.waits: list[float] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.ends.append(time.perf_counter())
+            strategy = trainer.strategy
+            if hasattr(strategy, "comm_stats"):
+                self.waits.append(strategy.comm_stats.grad_wait_s + strategy.comm_stats.sync_s)
+            else:
+                self.waits.append(strategy.hook_state.comm_wait_s)
+
+    n_steps = args.warmup + args.steps
+    g = torch.Generator().manual_seed(0)
+    world = 2
+    x = torch.randn(n_steps * args.batch_size * world, args.features, generator=g)
+    y = torch.randint(0, 10, (x.shape[0],), generator=g)
+    out_dir = Path(args.worker_out)
+    for round_ in range(args.rounds):  # repeated rounds, median per cell: the box is shared and noisy
+        for name, (kind, staleness) in CONFIGS.items():
+            for delay_ms in args.delays:  # delays back to back, so step(d) - step(0) sees the same load
+                pl.seed_everything(0, verbose=False)
+                if kind == "ddp":
+                    strategy = timed_ddp(delay_ms / 1000)
+                else:
+                    strategy = MQGNNStrategy(
+                        staleness=staleness,
+                        sync_period=args.sync_period,
+                        simulated_comm_delay_s=delay_ms / 1000,
+                    )
+                clock = StepClock()
+                trainer = pl.Trainer(
+                    accelerator="cpu",
+                    devices=world,
+                    strategy=strategy,
+                    max_steps=n_steps,
+                    callbacks=[clock],
+                    logger=False,
+                    enable_checkpointing=False,
+                    enable_progress_bar=False,
+                    enable_model_summary=False,
+                )
+                trainer.fit(MLP(), DataLoader(TensorDataset(x, y), batch_size=args.batch_size))
+                w, steps = args.warmup, len(clock.ends) - args.warmup
+                record = {
+                    "config": name,
+                    "delay_ms": delay_ms,
+                    "rank": trainer.global_rank,
+                    "round": round_,
+                    # median step interval: robust to the preemptions of a shared machine
+                    "step_s": statistics.median(b - a for a, b in zip(clock.ends[w - 1 :], clock.ends[w:])),
+                    "wait_s": (clock.waits[-1] - clock.waits[w - 1]) / steps,
+                }
+                tag = f"{name.replace(' ', '_')}_{delay_ms}_r{round_}_rank{trainer.global_rank}"
+                (out_dir / f"{tag}.json").write_text(json.dumps(record))
+                trainer.strategy.barrier()
+
+
+# ----------------------------------------------------------------------------- driver
+def _table(records: list[dict], args: argparse.Namespace) -> str:
+    def mean(config: str, delay: float, key: str) -> float:
+        """Median over rounds of the mean over ranks."""
+        per_round = {}
+        for r in records:
+            if r["config"] == config and r["delay_ms"] == delay:
+                per_round.setdefault(r["round"], []).append(r[key])
+        return statistics.median(sum(v) / len(v) for v in per_round.values())
+
+    lines = [
+        f"2 CPU processes (gloo), MLP {args.features}-{args.hidden}-{args.hidden}-10, batch {args.batch_size}/rank, "
+        f"Adam, {args.steps} timed steps after {args.warmup} warm-up, mqgnn sync_period={args.sync_period}. "
+        "Delay = SIMULATED extra latency per all-reduce. Comm wait: mqgnn = time blocked in work.wait() "
+        "(gradient queue + periodic sync); DDP = end of backward - last bucket hook call. "
+        "Hidden (step) = 1 - (step(d) - step(0)) / d; hidden (wait) = 1 - (wait(d) - wait(0)) / d. "
+        "Time/step = median step interval; comm wait/step = total wait / steps (includes syncs). "
+        f"Mean over both ranks, median over {args.rounds} rounds.",
+        "",
+        "| strategy | simulated delay (ms) | time/step (ms) | comm wait/step (ms) | delay hidden (step) "
+        "| delay hidden (wait) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for delay in args.delays:
+        for config in CONFIGS:
+            step, wait = mean(config, delay, "step_s"), mean(config, delay, "wait_s")
+            if delay == 0:
+                hidden_step = hidden_wait = "-"
+            else:
+                hidden_step = f"{100 * (1 - (step - mean(config, 0, 'step_s')) / (delay / 1000)):.0f}%"
+                hidden_wait = f"{100 * (1 - (wait - mean(config, 0, 'wait_s')) / (delay / 1000)):.0f}%"
+            lines.append(
+                f"| {config} | {delay:g} | {1000 * step:.1f} | {1000 * wait:.2f} | {hidden_step} | {hidden_wait} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", default=None, help="write the markdown table here")
+    parser.add_argument("--delays", type=float, nargs="+", default=[0.0, 5.0, 20.0], help="simulated ms")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--features", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--sync-period", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.warmup < 1 or args.steps < 1:
+        parser.error(f"--warmup and --steps must be >= 1, got {args.warmup} and {args.steps}")
+    if 0.0 not in args.delays:
+        args.delays = [0.0, *args.delays]
+    if args.worker_out is not None:  # inside the two Lightning processes
+        _run_worker(args)
+        return ""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            *(argv if argv is not None else sys.argv[1:]),
+            "--worker-out",
+            tmp,
+        ]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        subprocess.run(cmd, check=True, env=env, timeout=1800)
+        records = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("*.json"))]
+    table = _table(records, args)
+    print(table)
+    if args.out:
+        Path(args.out).write_text(table)
+    return table
+
+
+if __name__ == "__main__":
+    main()
