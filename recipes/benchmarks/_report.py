@@ -1,0 +1,41 @@
+"""What every benchmark table carries: the exact command and the machine it ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+
+def machine_header(name: str, argv: list[str] | None) -> list[str]:
+    import torch
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    try:
+        import dgl  # noqa: F401
+
+        dgl_version = dgl.__version__
+    except ImportError:
+        dgl_version = "not installed"
+    command = " ".join(["python", "recipes/bench.py", name, *(sys.argv[1:] if argv is None else argv)])
+    return [
+        f"- command: `{command}`",
+        f"- commit {commit or 'unknown'}, torch {torch.__version__}, dgl {dgl_version}, "
+        f"python {platform.python_version()}",
+        f"- machine: {os.cpu_count()} CPU cores, {device}, load average at end "
+        f"{os.getloadavg()[0]:.1f}",
+    ]
+
+
+def write_report(title: str, header: list[str], table: list[str], out: Path | None) -> str:
+    text = "\n".join([f"### {title}", "", *header, "", *table, ""])
+    print(text, flush=True)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    return text

@@ -1,0 +1,175 @@
+"""GNS cache (eq. 14-16) and the cache-aware node-wise sampler: draws, in-place refresh,
+unbiased Horvitz-Thompson aggregation, gathering only uncached rows, hit rate."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.pipeline.gather import gather
+from lightning_mqgnn.sampling.exact import edge_weights, full_block
+from lightning_mqgnn.sampling.gns import (
+    GNSCache,
+    GNSSampler,
+    HitCounter,
+    cache_hits,
+    choose_rule,
+    draw_cache,
+    random_walk_distribution,
+)
+from lightning_mqgnn.sampling.neighbor import NeighborSampler
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Thousands of tiny samples: intra-op threads only add contention on a shared 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def random_graph(n: int, m: int, seed: int) -> CSRGraph:
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, n, (m,), generator=g)
+    dst = torch.randint(0, n, (m,), generator=g)
+    return CSRGraph.from_edges(src, dst, n, symmetrize=True)
+
+
+def test_rule_follows_the_training_fraction():
+    graph = random_graph(100, 300, 0)
+    assert choose_rule(graph, torch.arange(60)) == "degree"  # most nodes train: eq. 14
+    assert choose_rule(graph, torch.arange(10)) == "random_walk"  # few train: eq. 15-16
+    with pytest.raises(ValueError, match="unknown rule"):
+        choose_rule(graph, torch.arange(10), "pagerank")
+
+
+def test_random_walk_distribution_matches_dense_recursion():
+    graph = random_graph(40, 60, 1)
+    train = torch.tensor([0, 5, 9])
+    fanouts = [2, 3]
+    a = torch.zeros(40, 40, dtype=torch.float64)  # a[v, u] = 1 if u is an in-neighbour of v
+    a[graph.row_ids(), graph.indices] = 1.0
+    deg = a.sum(1)
+    mass = torch.zeros(40, dtype=torch.float64)
+    mass[train] = 1 / 3
+    for k in reversed(fanouts):
+        d = torch.where(deg > 0, deg.clamp(max=k) / deg.clamp(min=1), torch.zeros_like(deg))
+        mass = mass + a.T @ (d * mass)  # v's mass reaches its sampled in-neighbours
+    torch.testing.assert_close(random_walk_distribution(graph, train, fanouts), mass / mass.sum())
+
+
+def test_cache_inclusion_probabilities_match_their_frequency():
+    graph = random_graph(200, 800, 2)
+    train = torch.arange(150)
+    trials = 2000
+    freq = torch.zeros(200, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(trials):
+        draw = draw_cache(graph, train, 0.05, gen)
+        assert draw.nodes.unique().numel() == draw.nodes.numel() <= 10
+        freq[draw.nodes] += 1
+    inc = draw.inclusion
+    tol = 5 * (inc * (1 - inc) / trials).sqrt() + 1e-3
+    assert ((freq / trials - inc).abs() <= tol).all()
+
+
+def test_refresh_is_in_place_periodic_and_consistent():
+    graph = random_graph(500, 2000, 4)
+    cache = GNSCache(graph, torch.arange(400), fraction=0.02, period=2, seed=1)
+    ptrs = [t.data_ptr() for t in (cache.nodes, cache.slot, cache.inclusion)]
+    assert all(t.is_shared() for t in (cache.nodes, cache.slot, cache.inclusion, cache.version))
+    assert cache.capacity == 10 and int(cache.version) == 0
+    assert not cache.refresh_(1)  # mid-period: unchanged
+    assert cache.refresh_(2) and int(cache.version) == 2
+    assert [t.data_ptr() for t in (cache.nodes, cache.slot, cache.inclusion)] == ptrs
+    c = int(cache.num_cached)
+    live = cache.nodes[:c]
+    assert live.unique().numel() == c
+    assert (cache.nodes[c:] == cache.nodes[0]).all()  # padding repeats a cached row
+    assert torch.equal(cache.slot[live], torch.arange(c))
+    assert int((cache.slot >= 0).sum()) == c
+    # deterministic in (seed, epoch)
+    other = GNSCache(graph, torch.arange(400), fraction=0.02, period=2, seed=1)
+    other.refresh_(2)
+    assert torch.equal(other.nodes, cache.nodes)
+
+
+@pytest.mark.parametrize("aggregation", ["gcn", "mean"])
+def test_cached_input_layer_aggregation_is_unbiased(aggregation):
+    # Monte Carlo over 1500 (cache draw, sample) pairs: the mean of the input block's
+    # aggregation is within 4.5 standard errors of the exact operator (P H for gcn, the neighbour
+    # mean for mean), although each sample only reads cached neighbours
+    graph = random_graph(80, 240, 5)
+    train = torch.arange(80)
+    cache = GNSCache(graph, train, fraction=0.15, seed=2)
+    sampler = GNSSampler(graph, [3], cache, aggregation=aggregation)
+    h = torch.randn(80, 2, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    seeds = torch.tensor([0, 11, 42, 77])
+    exact_block, _ = full_block(graph, seeds, *edge_weights(graph, aggregation))
+    truth = exact_block.aggregate(h.float()).double()
+    trials = 1500
+    est = torch.zeros(trials, 4, 2, dtype=torch.float64)
+    torch.manual_seed(7)
+    for t in range(trials):
+        cache.refresh_(t + 1)
+        b = sampler.sample(seeds)
+        assert b.meta["cache_version"] == t + 1
+        est[t] = b.blocks[0].aggregate(h[b.input_nodes].float()).double()
+    se = est.std(0) / trials**0.5
+    assert ((est.mean(0) - truth).abs() <= 4.5 * se + 1e-5).all()
+
+
+def test_input_layer_reads_only_cached_neighbours_and_upper_layers_match_neighbor_sampler():
+    graph = random_graph(300, 1500, 8)
+    cache = GNSCache(graph, torch.arange(250), fraction=0.1, seed=3)
+    sampler = GNSSampler(graph, [4, 5], cache, aggregation="mean")
+    seeds = torch.arange(20)
+    torch.manual_seed(9)
+    batch = sampler.sample(seeds)
+    torch.manual_seed(9)
+    plain = NeighborSampler(graph, [5], aggregation="mean").sample(seeds)
+    assert torch.equal(batch.blocks[1].indices, plain.blocks[0].indices)
+    b0 = batch.blocks[0]
+    frontier = plain.input_nodes
+    assert b0.num_dst == frontier.numel() and torch.equal(batch.input_nodes[: b0.num_dst], frontier)
+    extra = batch.input_nodes[b0.num_dst :]
+    assert (cache.slot[extra] >= 0).all()  # every non-destination source is cached
+    assert (b0.indptr[1:] - b0.indptr[:-1]).max() <= 4
+
+
+def test_gather_with_cache_moves_only_uncached_rows_and_counts_hits():
+    graph = random_graph(400, 3000, 10)
+    feats = torch.randn(400, 16)
+    labels = torch.randint(0, 3, (400,))
+    cache = GNSCache(graph, torch.arange(300), fraction=0.05, seed=4)
+    resident = cache.resident_features(feats)
+    sampler = GNSSampler(graph, [5, 5], cache, aggregation="gcn")
+    counter = HitCounter()
+    for start in (0, 50, 100):
+        batch = gather(sampler.sample(torch.arange(start, start + 50)), feats, labels, cache_slot=cache.slot)
+        torch.testing.assert_close(batch.input_features(resident), feats[batch.input_nodes])
+        hits, rows = cache_hits(batch)
+        assert rows == batch.input_nodes.numel() and batch.features.shape[0] == rows - hits
+        assert hits > 0
+        counter.add(batch)
+    assert 0.0 < counter.rate < 1.0
+    counter.reset()
+    assert counter.rate == 0.0
+
+
+def test_sampler_pickles_with_shared_cache_and_validates_arguments():
+    graph = random_graph(100, 300, 11)
+    cache = GNSCache(graph, torch.arange(10), fraction=0.1)
+    sampler = GNSSampler(graph, [3, 3], cache)
+    clone = pickle.loads(pickle.dumps(sampler))
+    assert clone.sample(torch.arange(5)).num_layers == 2
+    with pytest.raises(ValueError, match="fraction must be in"):
+        GNSCache(graph, torch.arange(10), fraction=0.0)
+    with pytest.raises(ValueError, match="fanouts must be positive"):
+        GNSSampler(graph, [0], cache)
+    with pytest.raises(ValueError, match="period must be"):
+        GNSCache(graph, torch.arange(10), period=0)

@@ -1,0 +1,210 @@
+"""FastGCN / LADIES (+flat, +debias): block structure, unbiasedness of the sampled products."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.sampling.base import Sampler
+from lightning_mqgnn.sampling.exact import edge_weights, full_block
+from lightning_mqgnn.sampling.fastgcn import FastGCNSampler
+from lightning_mqgnn.sampling.ladies import LADIESSampler
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Thousands of tiny samples: intra-op threads only add contention on a shared 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+VARIANTS = [
+    (cls, flat, debias) for cls in (FastGCNSampler, LADIESSampler) for flat in (0, 1) for debias in (0, 1)
+]
+
+
+def variant_id(v) -> str:
+    cls, flat, debias = v
+    return cls.__name__[:-7].lower() + ("_f" if flat else "") + ("_d" if debias else "")
+
+
+def random_graph(n: int, m: int, seed: int) -> CSRGraph:
+    g = torch.Generator().manual_seed(seed)
+    return CSRGraph.from_edges(
+        torch.randint(0, n, (m,), generator=g), torch.randint(0, n, (m,), generator=g), n, symmetrize=True
+    )
+
+
+def dense_laplacian(graph: CSRGraph) -> torch.Tensor:
+    """L = D^-1/2 (A+I) D^-1/2 as a dense float64 matrix, from the exact full blocks."""
+    block, _ = full_block(graph, torch.arange(graph.num_nodes), *edge_weights(graph, "gcn"))
+    return block.adjacency().to_dense().to(torch.float64)
+
+
+def block_dense(block) -> torch.Tensor:
+    return block.adjacency().to_dense().to(torch.float64)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_blocks_are_rows_of_the_laplacian_over_distinct_sampled_columns(variant):
+    cls, flat, debias = variant
+    graph = random_graph(300, 900, 0)
+    sampler = cls(graph, [64, 32], flat=bool(flat), debias=bool(debias))
+    assert isinstance(sampler, Sampler) and sampler.aggregation == "gcn" and sampler.num_layers == 2
+    torch.manual_seed(1)
+    seeds = torch.randperm(300)[:20]
+    batch = sampler.sample(seeds)
+    assert torch.equal(batch.output_nodes, seeds)
+    # top-down: output block rows = batch, its sources = the 32 output-side samples; input block 64
+    out_b, in_b = batch.blocks[1], batch.blocks[0]
+    assert (out_b.num_dst, out_b.num_src, in_b.num_dst, in_b.num_src) == (20, 32, 32, 64)
+    assert batch.input_nodes.numel() == 64 and batch.input_nodes.unique().numel() == 64
+    assert not out_b.dst_in_src and not in_b.dst_in_src
+    for b in (out_b, in_b):
+        assert b.weights.dtype == torch.float32 and torch.isfinite(b.weights).all() and (b.weights > 0).all()
+        assert int(b.indptr[-1]) == b.num_edges and (b.indices < b.num_src).all()
+
+
+def test_block_weights_equal_laplacian_entries_times_column_weights():
+    # block = L[batch, S] · diag(w), w = 1/(s p_S) (eq. 8) or the debias weights (eq. 13) of S
+    # in draw order (input_nodes keeps the draw order)
+    from lightning_mqgnn.sampling.debias import debias_weights
+    from lightning_mqgnn.sampling.layerwise import laplacian_rows
+
+    graph = random_graph(120, 400, 2)
+    lap = dense_laplacian(graph)
+    seeds = torch.arange(10, 30)
+    for cls in (FastGCNSampler, LADIESSampler):
+        for debias in (False, True):
+            sampler = cls(graph, [40], debias=debias)
+            torch.manual_seed(3)
+            batch = sampler.sample(seeds)
+            chosen = batch.input_nodes
+            dist = sampler.layer_distribution(
+                seeds, laplacian_rows(graph, seeds, sampler._edge_w, sampler._self_w)
+            )
+            p = torch.zeros(120, dtype=torch.float64)
+            p[dist.support] = dist.p
+            w = debias_weights(p[chosen], 120) if debias else 1.0 / (chosen.numel() * p[chosen])
+            expect = lap[seeds][:, chosen] * w
+            torch.testing.assert_close(block_dense(batch.blocks[0]), expect, rtol=1e-5, atol=1e-7)
+
+
+def one_layer_estimates(sampler, seeds, h, trials):
+    est = torch.zeros(trials, seeds.numel(), h.shape[1], dtype=torch.float64)
+    for t in range(trials):
+        batch = sampler.sample(seeds)
+        est[t] = batch.blocks[0].aggregate(h[batch.input_nodes].float()).double()
+    return est
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v[2]], ids=variant_id)
+def test_debiased_sampled_product_is_unbiased(variant):
+    # Monte Carlo over 1200 samples: mean of L̂[batch, S] H[S] within 4.5 standard errors of
+    # L[batch, :] H for every entry (s = 12 of a support of ~40-60 nodes: far from with-replacement)
+    cls, flat, _ = variant
+    graph = random_graph(60, 150, 4)
+    lap = dense_laplacian(graph)
+    h = torch.randn(60, 2, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    seeds = torch.tensor([0, 7, 19, 33])
+    sampler = cls(graph, [12], flat=bool(flat), debias=True)
+    torch.manual_seed(6)
+    est = one_layer_estimates(sampler, seeds, h, 1200)
+    truth = lap[seeds] @ h
+    se = est.std(0) / est.shape[0] ** 0.5
+    assert ((est.mean(0) - truth).abs() <= 4.5 * se + 1e-5).all()
+
+
+@pytest.mark.parametrize("cls", [FastGCNSampler, LADIESSampler], ids=["fastgcn", "ladies"])
+def test_plain_weights_are_biased_without_replacement_and_debias_fixes_it(cls):
+    # s close to the support size: plain 1/(s p) (eq. 8) misses L H badly, debias (eq. 13) does not
+    graph = random_graph(12, 20, 7)
+    lap = dense_laplacian(graph)
+    h = torch.rand(12, 1, generator=torch.Generator().manual_seed(8), dtype=torch.float64) + 1.0
+    seeds = torch.arange(12)
+    truth = lap @ h
+    torch.manual_seed(9)
+    plain = one_layer_estimates(cls(graph, [10]), seeds, h, 800).mean(0)
+    debiased = one_layer_estimates(cls(graph, [10], debias=True), seeds, h, 800).mean(0)
+    err_plain = float((plain - truth).abs().sum())
+    err_debias = float((debiased - truth).abs().sum())
+    assert err_plain > 5 * err_debias and err_plain > 0.5
+
+
+@pytest.mark.parametrize("cls", [FastGCNSampler, LADIESSampler], ids=["fastgcn", "ladies"])
+def test_two_layer_debiased_product_is_unbiased(cls):
+    # E[B_out (B_in H)] = L[batch, :] L H: the layers compose (conditioning on the upper sample)
+    graph = random_graph(50, 120, 10)
+    lap = dense_laplacian(graph)
+    h = torch.randn(50, 1, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    seeds = torch.tensor([1, 2, 40])
+    sampler = cls(graph, [20, 10], debias=True)
+    torch.manual_seed(12)
+    trials = 1200
+    est = torch.zeros(trials, 3, dtype=torch.float64)
+    for t in range(trials):
+        b = sampler.sample(seeds)
+        inner = b.blocks[0].aggregate(h[b.input_nodes].float())
+        est[t] = b.blocks[1].aggregate(inner).double()[:, 0]
+    truth = (lap @ lap @ h)[seeds, 0]
+    se = est.std(0) / trials**0.5
+    assert ((est.mean(0) - truth).abs() <= 4.5 * se + 1e-5).all()
+
+
+def test_flat_probabilities_are_column_norms_not_squared():
+    graph = random_graph(80, 200, 13)
+    lap = dense_laplacian(graph)
+    sq = lap.square().sum(0)
+    torch.testing.assert_close(FastGCNSampler(graph, [8])._dist.p, sq / sq.sum())
+    torch.testing.assert_close(FastGCNSampler(graph, [8], flat=True)._dist.p, sq.sqrt() / sq.sqrt().sum())
+    prev = torch.tensor([3, 4, 50])
+    from lightning_mqgnn.sampling.layerwise import laplacian_rows
+
+    for flat in (False, True):
+        s = LADIESSampler(graph, [8], flat=flat)
+        dist = s.layer_distribution(prev, laplacian_rows(graph, prev, s._edge_w, s._self_w))
+        col = lap[prev].square().sum(0)
+        col = col.sqrt() if flat else col
+        expect = torch.zeros(80, dtype=torch.float64)
+        expect[dist.support] = dist.p
+        torch.testing.assert_close(expect, col / col.sum())  # support = union of rows of prev (eq. 6)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_isolated_nodes_and_tiny_graphs_do_not_crash(variant):
+    cls, flat, debias = variant
+    # 3 nodes, no edges: every column of L is a self loop only; s is clipped to the support
+    empty = CSRGraph(torch.zeros(4, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), 3)
+    b = cls(empty, [10, 10], flat=bool(flat), debias=bool(debias)).sample(torch.tensor([0, 2]))
+    for block in b.blocks:
+        assert torch.isfinite(block.weights).all()
+    assert b.input_nodes.unique().numel() == b.input_nodes.numel() <= 3
+    # a graph with an isolated seed: the seed's row holds only its self loop
+    g = CSRGraph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 2]), 5, symmetrize=True)
+    b = cls(g, [4], flat=bool(flat), debias=bool(debias)).sample(torch.tensor([4, 0]))
+    assert torch.isfinite(b.blocks[0].weights).all()
+    assert b.blocks[0].num_dst == 2
+
+
+def test_bad_arguments_raise_clear_errors():
+    graph = random_graph(10, 20, 0)
+    with pytest.raises(ValueError, match="samples must be positive"):
+        LADIESSampler(graph, [0, 5])
+    with pytest.raises(ValueError, match="seeds is empty"):
+        FastGCNSampler(graph, [5]).sample(torch.empty(0, dtype=torch.int64))
+
+
+def test_sampler_pickles_without_its_scratch_array():
+    graph = random_graph(100, 300, 1)
+    sampler = LADIESSampler(graph, [16, 8], debias=True)
+    sampler.sample(torch.arange(5))
+    clone = pickle.loads(pickle.dumps(sampler))
+    assert clone._scratch is None
+    batch = clone.sample(torch.arange(5))
+    assert batch.input_nodes.numel() == 16
+    assert (sampler.scratch() == -1).all()  # scratch left clean after sampling
