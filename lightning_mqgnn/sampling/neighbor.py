@@ -31,12 +31,46 @@ def sample_neighbor_edges(
         rows = torch.repeat_interleave(torch.arange(nodes.numel()), counts)
         offset = (torch.rand(rows.numel(), dtype=torch.float64) * deg[rows]).long()
         return counts, starts[rows] + offset
-    # every candidate edge gets a uniform key; each row keeps its `fanout` smallest keys
-    edge = torch.repeat_interleave(starts, deg) + segment_arange(deg)
-    seg = torch.repeat_interleave(torch.arange(nodes.numel()), deg)
+    counts = deg.clamp(max=fanout)
+    out = torch.empty(int(counts.sum()), dtype=torch.int64)
+    out_start = torch.cumsum(counts, 0) - counts
+    # high-degree rows: k distinct offsets from 2k draws, touching O(k) not O(deg) per row
+    wide = torch.nonzero(deg > 4 * fanout).squeeze(1)
+    offsets, ok = distinct_offsets(deg[wide], fanout)
+    done = wide[ok]
+    slots = out_start[done].unsqueeze(1) + torch.arange(fanout)
+    out[slots.reshape(-1)] = (starts[done].unsqueeze(1) + offsets).reshape(-1)
+    # the other rows: a uniform key per candidate edge, each row keeps its `fanout` smallest
+    rest = torch.ones(nodes.numel(), dtype=torch.bool)
+    rest[done] = False
+    rest = torch.nonzero(rest).squeeze(1)
+    rdeg = deg[rest]
+    edge = torch.repeat_interleave(starts[rest], rdeg) + segment_arange(rdeg)
+    seg = torch.repeat_interleave(torch.arange(rest.numel()), rdeg)
     order = torch.argsort(seg.to(torch.float64) + torch.rand(seg.numel(), dtype=torch.float64))
-    keep = order[segment_arange(deg) < fanout]  # `order` stays grouped by row, in row order
-    return deg.clamp(max=fanout), edge[keep]
+    keep = order[segment_arange(rdeg) < fanout]  # `order` stays grouped by row, in row order
+    rcounts = counts[rest]
+    out[torch.repeat_interleave(out_start[rest], rcounts) + segment_arange(rcounts)] = edge[keep]
+    return counts, out
+
+
+def distinct_offsets(deg: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``k`` distinct uniform offsets in ``[0, deg)`` per row, from ``2k`` draws with replacement.
+
+    The first ``k`` distinct values in draw order form a uniform ``k``-subset (successive sampling
+    with equal probabilities); rows whose draws hold fewer than ``k`` distinct values are flagged
+    in ``ok`` (by symmetry the flag does not bias the others) and re-drawn by the caller.
+    Returns ``(offsets [ok.sum(), k], ok [R])``.
+    """
+    draws = (torch.rand(deg.numel(), 2 * k, dtype=torch.float64) * deg.unsqueeze(1)).long()
+    values, perm = torch.sort(draws, dim=1, stable=True)
+    first_sorted = torch.ones_like(values, dtype=torch.bool)
+    first_sorted[:, 1:] = values[:, 1:] != values[:, :-1]
+    first = torch.empty_like(first_sorted).scatter_(1, perm, first_sorted)  # first occurrences
+    rank = first.cumsum(1)
+    ok = rank[:, -1] >= k
+    take = first & (rank <= k) & ok.unsqueeze(1)
+    return draws[take].view(-1, k), ok
 
 
 class NeighborSampler:
