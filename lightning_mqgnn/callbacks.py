@@ -8,10 +8,14 @@ import lightning.pytorch as pl
 import torch
 
 
+def trimmed(values: list[float], trim: int = 20) -> list[float]:
+    """``values`` without the first and last ``trim`` (the paper's batch-time window); all of them
+    when there are too few to trim."""
+    return values[trim:-trim] if len(values) > 2 * trim else values
+
+
 def trimmed_mean(values: list[float], trim: int = 20) -> float:
-    """Mean with the first and last ``trim`` values dropped (the paper's batch time); the plain
-    mean when there are too few values to trim."""
-    kept = values[trim:-trim] if len(values) > 2 * trim else values
+    kept = trimmed(values, trim)
     return float(sum(kept) / len(kept)) if kept else float("nan")
 
 
@@ -97,8 +101,12 @@ class BatchTimer(pl.Callback):
         return trimmed_mean(self.batch_times, self.trim)
 
     def summary(self) -> dict[str, float]:
+        kept = trimmed(self.batch_times, self.trim)
+        mean = self.batch_time
+        std = (sum((t - mean) ** 2 for t in kept) / max(len(kept) - 1, 1)) ** 0.5 if kept else float("nan")
         return {
             "batches": len(self.batch_times),
-            "batch_time_ms": 1000.0 * self.batch_time,
+            "batch_time_ms": 1000.0 * mean,
+            "batch_time_std_ms": 1000.0 * std,
             "train_time_s": self.train_time,
         }

@@ -45,7 +45,9 @@ def check_config_names(argv: list[str]) -> None:
 
 def validation_schedule(val_every: int, batches_per_epoch: int, max_epochs: int) -> dict:
     """Trainer arguments that validate every ``val_every`` batches, also when an epoch is shorter
-    (then every few epochs, but at least once before ``max_epochs`` ends)."""
+    (then every few epochs, but at least once before ``max_epochs`` ends); 0 means once per epoch."""
+    if val_every <= 0:
+        return {"val_check_interval": 1.0, "check_val_every_n_epoch": 1}
     if val_every <= batches_per_epoch:
         return {"val_check_interval": val_every, "check_val_every_n_epoch": 1}
     every = math.ceil(val_every / batches_per_epoch)
@@ -98,8 +100,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if trainer.global_rank == 0:
         print(
             f"RESULT model={cfg.model.name} data={dataset.name} val={result['val']:.4f} "
-            f"test={result.get('test', float('nan')):.4f} batches={result['batches']} "
-            f"batch_time_ms={result['batch_time_ms']:.2f} train_time_s={result['train_time_s']:.1f}",
+            f"test={result.get('test', float('nan')):.4f} epochs={trainer.current_epoch} "
+            f"batches={result['batches']} batch_time_ms={result['batch_time_ms']:.2f} "
+            f"batch_time_std_ms={result['batch_time_std_ms']:.2f} train_time_s={result['train_time_s']:.2f}",
             flush=True,
         )
     return result

@@ -1,0 +1,260 @@
+"""Paper-style comparison grid: model x dataset x configuration, with DGL and sequential baselines.
+
+    python recipes/bench.py grid --models sage,gcn --datasets cora,amazon_computers \\
+        --configs sequential,pipeline,dgl --seeds 0,1,2 --epochs 5 --out bench_out/grid
+
+Every configuration trains the same graph, split, model, fan-out, batch size, hidden size and
+number of epochs (early stopping off, one validation per epoch, test at the best epoch):
+- ``sequential``: this project's loop, sample -> gather -> compute in one process (no overlap);
+- ``pipeline``: the MQ multi-queue pipeline (``loader=pipeline``);
+- ``pipeline_gns``: the pipeline with the GNS feature cache;
+- ``dgl``: DGL's DataLoader + NeighborSampler + dgl.nn (run with the DGL environment's python);
+- ``ddp`` / ``mqgnn``: 2 CPU ranks, plain DDP vs MQGNNStrategy, both over the pipeline.
+Writes ``grid.md`` (table with speed-ups), ``grid.json`` (all runs), ``speedup.png`` and
+``utilisation.png`` (CPU busy fraction over time, baseline vs MQ, as the paper's Fig. 3) to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from benchmarks._report import machine_header, write_report
+
+RECIPES = Path(__file__).resolve().parents[1]
+REPO = RECIPES.parent
+TWO_RANKS = ["trainer.accelerator=cpu", "trainer.devices=2", "loader=pipeline"]
+CONFIG_OVERRIDES = {
+    "sequential": ["loader=sequential"],
+    "pipeline": ["loader=pipeline"],
+    "pipeline_gns": ["loader=pipeline_gns"],
+    "ddp": [*TWO_RANKS, "strategy=ddp"],
+    "mqgnn": [*TWO_RANKS, "strategy=mqgnn"],
+}
+BASELINES = ("sequential", "dgl")
+
+
+def monitored(
+    cmd: list[str], timeout: float, interval: float = 0.25
+) -> tuple[subprocess.CompletedProcess, list]:
+    """Run ``cmd``, sampling the CPU use of it and its children (in cores) every ``interval`` s."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = psutil.Popen(cmd, stdout=out, stderr=err, text=True, cwd=REPO)
+        timeline, start, seen = [], time.perf_counter(), {}
+        while proc.poll() is None:
+            if time.perf_counter() - start > timeout:
+                for p in [*proc.children(recursive=True), proc]:
+                    p.kill()
+                raise TimeoutError(f"{' '.join(cmd)} ran past {timeout} s")
+            busy = 0.0
+            try:
+                for p in [proc, *proc.children(recursive=True)]:
+                    if p.pid not in seen:
+                        seen[p.pid] = p
+                        p.cpu_percent(None)  # first call primes the counter
+                    else:
+                        busy += seen[p.pid].cpu_percent(None) / 100.0
+            except psutil.Error:
+                pass
+            timeline.append((round(time.perf_counter() - start, 2), round(busy, 3)))
+            time.sleep(interval)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read()), timeline
+
+
+def run_ours(config: str, model: str, dataset: str, seed: int, args) -> dict:
+    overrides = [
+        f"model={model}",
+        f"data={dataset}",
+        f"seed={seed}",
+        *CONFIG_OVERRIDES[config],
+        f"loader.batch_size={args.batch_size}",
+        f"trainer.max_epochs={args.epochs}",
+        "early_stopping.patience_batches=1000000000",
+        "val_every_batches=0",
+        "trainer.enable_progress_bar=false",
+        *args.extra.split(),
+    ]
+    cmd = [sys.executable, str(RECIPES / "train.py"), *overrides]
+    proc, timeline = monitored(cmd, args.timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        raise RuntimeError(f"{config} {model} {dataset} seed {seed} failed:\n{tail}")
+    fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
+    epochs = max(int(fields["epochs"]), 1)
+    return {
+        "batch_time_ms": float(fields["batch_time_ms"]),
+        "batch_time_std_ms": float(fields["batch_time_std_ms"]),
+        "train_time_s": float(fields["train_time_s"]),
+        "epoch_time_s": float(fields["train_time_s"]) / epochs,
+        "metric": float(fields["test"]),
+        "timeline": timeline,
+    }
+
+
+def run_dgl(model: str, dataset: str, seed: int, args) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "dgl.json"
+        cmd = [
+            args.dgl_python,
+            str(RECIPES / "benchmarks" / "dgl_baseline.py"),
+            f"--data={dataset}",
+            f"--model={model}",
+            f"--epochs={args.epochs}",
+            f"--batch-size={args.batch_size}",
+            f"--seed={seed}",
+            f"--json={out}",
+        ]
+        proc, timeline = monitored(cmd, args.timeout)
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+            raise RuntimeError(f"dgl {model} {dataset} seed {seed} failed:\n{tail}")
+        result = json.loads(out.read_text())
+    times = result["batch_times"]
+    kept = times[20:-20] if len(times) > 40 else times
+    return {
+        "batch_time_ms": 1e3 * statistics.mean(kept),
+        "batch_time_std_ms": 1e3 * (statistics.stdev(kept) if len(kept) > 1 else 0.0),
+        "train_time_s": result["train_time"],
+        "epoch_time_s": result["train_time"] / len(result["epoch_times"]),
+        "metric": result["test_metric"],
+        "timeline": timeline,
+    }
+
+
+def pm(values: list[float], digits: int) -> str:
+    mean = statistics.mean(values)
+    if len(values) == 1:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def summarise(runs: list[dict]) -> list[str]:
+    """One table row per (dataset, model, config): means over seeds and speed-ups per epoch."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["dataset"], run["model"], run["config"]), []).append(run)
+    epoch = {key: statistics.mean(r["epoch_time_s"] for r in rs) for key, rs in groups.items()}
+    rows = [
+        "| dataset | model | configuration | batch time ms (mean ± std) | train time s | epoch time s | "
+        "test metric (mean ± std) | speed-up vs sequential | speed-up vs DGL |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (dataset, model, config), rs in groups.items():
+        speedups = []
+        for base in BASELINES:
+            ref = epoch.get((dataset, model, base))
+            speedups.append(f"{ref / epoch[(dataset, model, config)]:.2f}x" if ref else "-")
+        batch = statistics.mean(r["batch_time_ms"] for r in rs)
+        batch_std = statistics.mean(r["batch_time_std_ms"] for r in rs)
+        rows.append(
+            f"| {dataset} | {model} | {config} | {batch:.2f} ± {batch_std:.2f} | "
+            f"{pm([r['train_time_s'] for r in rs], 2)} | {epoch[(dataset, model, config)]:.3f} | "
+            f"{pm([r['metric'] for r in rs], 4)} | {speedups[0]} | {speedups[1]} |"
+        )
+    return rows
+
+
+def plot(runs: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple, list[float]] = {}
+    for run in runs:
+        groups.setdefault((run["dataset"], run["model"], run["config"]), []).append(run["epoch_time_s"])
+    epoch = {k: statistics.mean(v) for k, v in groups.items()}
+    pairs = sorted({(d, m) for d, m, _ in epoch})
+    configs = [c for c in dict.fromkeys(c for _, _, c in epoch) if c not in BASELINES]
+    base = "dgl" if any(c == "dgl" for _, _, c in epoch) else "sequential"
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(pairs) * max(len(configs), 1)), 4))
+    width = 0.8 / max(len(configs), 1)
+    for i, config in enumerate(configs):
+        values = [
+            epoch[(d, m, base)] / epoch[(d, m, config)]
+            if (d, m, base) in epoch and (d, m, config) in epoch
+            else 0
+            for d, m in pairs
+        ]
+        ax.bar([j + i * width for j in range(len(pairs))], values, width, label=config)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(len(pairs))])
+    ax.set_xticklabels([f"{d}\n{m}" for d, m in pairs])
+    ax.set_ylabel(f"epoch-time speed-up vs {base}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    first = runs[0]
+    for run in runs:
+        if (run["dataset"], run["model"], run["seed"]) == (first["dataset"], first["model"], first["seed"]):
+            ts = [t for t, _ in run["timeline"]]
+            busy = [100.0 * b / psutil.cpu_count() for _, b in run["timeline"]]
+            ax.plot(ts, busy, label=run["config"], lw=1)
+    ax.set_xlabel("seconds since launch")
+    ax.set_ylabel("CPU busy, % of all cores")
+    ax.set_title(f"utilisation: {first['dataset']}, {first['model']}, seed {first['seed']}")
+    ax.set_ylim(0, 105)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "utilisation.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.py grid", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="sage")
+    parser.add_argument("--datasets", default="cora")
+    parser.add_argument("--configs", default="sequential,pipeline")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--extra", default="", help="more recipe overrides for our runs, space separated")
+    parser.add_argument("--dgl-python", default=str(REPO / ".venv-dgl" / "bin" / "python"))
+    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--out", type=Path, default=REPO / "bench_out" / "grid")
+    args = parser.parse_args(argv)
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c != "dgl" and c not in CONFIG_OVERRIDES]
+    if unknown:
+        parser.error(f"unknown configurations {unknown}; choose from {sorted(CONFIG_OVERRIDES) + ['dgl']}")
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    runs = []
+    for dataset in args.datasets.split(","):
+        for model in args.models.split(","):
+            for config in configs:
+                for seed in (int(s) for s in args.seeds.split(",")):
+                    if config == "dgl":
+                        result = run_dgl(model, dataset, seed, args)
+                    else:
+                        result = run_ours(config, model, dataset, seed, args)
+                    result.update(dataset=dataset, model=model, config=config, seed=seed)
+                    runs.append(result)
+                    print(
+                        f"{dataset:>18} {model:>10} {config:>13} seed {seed}: epoch "
+                        f"{result['epoch_time_s']:.3f} s, batch {result['batch_time_ms']:.1f} ms, "
+                        f"test {result['metric']:.4f}",
+                        flush=True,
+                    )
+    (args.out / "grid.json").write_text(json.dumps(runs))
+    plot(runs, args.out)
+    write_report("Comparison grid", machine_header("grid", argv), summarise(runs), args.out / "grid.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
