@@ -1,0 +1,227 @@
+"""The paper's DGL baseline: DGL's ``DataLoader`` + ``NeighborSampler`` and a 2-layer ``dgl.nn`` model.
+
+Every speed-up of this project is reported as a ratio against this loop on the same graph, model,
+fan-out, batch size and epochs (DESIGN.md, "Measuring"). It mirrors the authors' baseline trainer:
+GraphSAGE-mean (eq. 17) or GCN (eq. 1-2, self loops added to the graph), hidden 256, Adam lr 1e-3,
+cross-entropy; the model of the best-validation epoch is scored on the test split with exact
+full-neighbour inference. Needs the DGL environment (``.ci/dgl_env.sh``).
+
+    .venv-dgl/bin/python recipes/benchmarks/dgl_baseline.py --data cora --model sage --epochs 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from lightning_mqgnn.graph.dataset import GraphDataset
+from lightning_mqgnn.graph.dgl_graph import import_dgl, to_dgl
+from lightning_mqgnn.graph.generated import generate_graph
+from lightning_mqgnn.graph.npz import load_npz
+from lightning_mqgnn.models.metrics import make_metric, metric_input, node_loss
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_DATA = Path(
+    os.environ.get("MQGNN_SHARED_DATA", REPO.parent / "shared" / "data")
+)  # as conf/config.yaml
+TRIM = 20  # the paper drops the first and last 20 batch timings
+
+
+class DGLNet(nn.Module):
+    """Two (or more) ``dgl.nn`` layers with ReLU and dropout between them."""
+
+    def __init__(self, model: str, in_dim: int, hidden: int, out_dim: int, num_layers: int, dropout: float):
+        super().__init__()
+        dglnn = import_dgl().nn
+        dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+        if model == "sage":
+            self.layers = nn.ModuleList(
+                dglnn.SAGEConv(a, b, aggregator_type="mean") for a, b in zip(dims, dims[1:])
+            )
+        elif model == "gcn":
+            # norm="both": D^-1/2 Â D^-1/2 on the (sampled) graph with self loops, eq. 2
+            self.layers = nn.ModuleList(dglnn.GraphConv(a, b, norm="both") for a, b in zip(dims, dims[1:]))
+        else:
+            raise ValueError(f"unknown model {model!r}; expected 'sage' or 'gcn'")
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, blocks, h: Tensor) -> Tensor:
+        """``blocks``: one DGL block per layer (input layer first), or the same full graph repeated."""
+        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+            h = layer(block, h)
+            if i < len(self.layers) - 1:
+                h = self.dropout(torch.relu(h))
+        return h
+
+
+def trimmed_mean(times: Sequence[float], trim: int = TRIM) -> float:
+    """Mean batch time without the first and last ``trim`` batches (all of them when too few)."""
+    kept = list(times[trim : len(times) - trim]) if len(times) > 2 * trim else list(times)
+    return sum(kept) / len(kept) if kept else float("nan")
+
+
+@torch.no_grad()
+def evaluate(net: DGLNet, g, dataset: GraphDataset, splits: Sequence[Tensor]) -> list[float]:
+    """Exact full-neighbour inference: every layer over the whole graph (no sampling), then the
+    dataset's metric on each split."""
+    net.eval()
+    logits = net([g] * len(net.layers), g.ndata["feat"])
+    scores = []
+    for idx in splits:
+        metric = make_metric(dataset.metric, dataset.num_classes, dataset.multilabel)
+        metric.update(metric_input(logits[idx], dataset.metric, dataset.multilabel), dataset.labels[idx])
+        scores.append(float(metric.compute()))
+    return scores
+
+
+def run_dgl_baseline(
+    dataset: GraphDataset,
+    model: str = "sage",
+    fanouts: Sequence[int] = (5, 5),
+    batch_size: int = 1024,
+    epochs: int = 10,
+    hidden: int = 256,
+    seed: int = 0,
+    num_workers: int = 0,
+    lr: float = 1e-3,
+    dropout: float = 0.5,
+) -> dict:
+    """Train with DGL's own loader and layers; return timings and the best-validation test score.
+
+    ``batch_times`` (seconds, every batch of every epoch, in order) cover sampling, slicing,
+    forward, backward and the optimiser step, so a caller can drop the first and last 20 as the
+    paper does; ``epoch_times`` are the training loops only, without evaluation.
+    """
+    dgl = import_dgl()
+    if epochs < 1 or batch_size < 1 or hidden < 1 or not fanouts:
+        raise ValueError(
+            f"epochs, batch_size and hidden must be positive and fanouts non-empty, got epochs={epochs}, "
+            f"batch_size={batch_size}, hidden={hidden}, fanouts={list(fanouts)}"
+        )
+    torch.manual_seed(seed)
+    dgl.seed(seed)
+    g = to_dgl(dataset, add_self_loops=(model == "gcn"))
+    net = DGLNet(model, dataset.num_features, hidden, dataset.num_classes, len(fanouts), dropout)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    sampler = dgl.dataloading.NeighborSampler(list(fanouts))
+    loader = dgl.dataloading.DataLoader(
+        g,
+        dataset.train_idx,
+        sampler,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=False,
+        num_workers=num_workers,
+    )
+    batch_times: list[float] = []
+    epoch_times: list[float] = []
+    val_scores: list[float] = []
+    test_scores: list[float] = []
+    losses: list[float] = []
+    t_start = time.perf_counter()
+    for _ in range(epochs):
+        net.train()
+        t_epoch = t_batch = time.perf_counter()
+        for _input_nodes, _output_nodes, blocks in loader:
+            logits = net(blocks, blocks[0].srcdata["feat"])
+            loss = node_loss(logits, blocks[-1].dstdata["label"], dataset.multilabel)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+            now = time.perf_counter()
+            batch_times.append(now - t_batch)
+            t_batch = now
+        epoch_times.append(time.perf_counter() - t_epoch)
+        val, test = evaluate(net, g, dataset, (dataset.val_idx, dataset.test_idx))
+        val_scores.append(val)
+        test_scores.append(test)
+    best = max(range(epochs), key=lambda e: val_scores[e])  # first epoch reaching the best
+    return {
+        "system": "dgl",
+        "dataset": dataset.name,
+        "model": model,
+        "fanouts": list(fanouts),
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "hidden": hidden,
+        "seed": seed,
+        "num_workers": num_workers,
+        "metric": dataset.metric,
+        "batches_per_epoch": len(loader),
+        "batch_times": batch_times,
+        "batch_time_trimmed": trimmed_mean(batch_times),
+        "epoch_times": epoch_times,
+        "train_time": sum(epoch_times),
+        "total_time": time.perf_counter() - t_start,
+        "losses": losses,
+        "val_scores": val_scores,
+        "test_scores": test_scores,
+        "best_epoch": best,
+        "best_val": val_scores[best],
+        "test_metric": test_scores[best],
+    }
+
+
+def load_dataset(spec: str, scale: float = 1.0, seed: int = 0) -> GraphDataset:
+    """``NAME`` of a file in ../shared/data, a path to such an ``.npz`` (read by ``load_npz`` with its
+    defaults, as the Hydra data configs do), or ``generated:PRESET``."""
+    if spec.startswith("generated:"):
+        return generate_graph(spec.split(":", 1)[1], scale=scale, seed=seed)
+    path = Path(spec)
+    if path.suffix != ".npz":
+        path = SHARED_DATA / f"{spec}.npz"
+    return load_npz(path)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default="cora", help="shared dataset name, .npz path or generated:PRESET")
+    parser.add_argument("--scale", type=float, default=1.0, help="generated graphs only")
+    parser.add_argument("--model", choices=("sage", "gcn"), default="sage")
+    parser.add_argument("--fanouts", type=int, nargs="+", default=[5, 5])
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--json", type=Path, help="write the full result (with per-batch times) here")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dataset = load_dataset(args.data, args.scale, args.seed)
+    result = run_dgl_baseline(
+        dataset,
+        model=args.model,
+        fanouts=args.fanouts,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        hidden=args.hidden,
+        seed=args.seed,
+        num_workers=args.num_workers,
+    )
+    epoch = sum(result["epoch_times"]) / len(result["epoch_times"])
+    print(
+        f"dgl-{args.model} {dataset.name}: {result['batches_per_epoch']} batches/epoch, batch "
+        f"{1e3 * result['batch_time_trimmed']:.2f} ms (trimmed {TRIM}), epoch {epoch:.3f} s, train "
+        f"{result['train_time']:.2f} s, best epoch {result['best_epoch']}: val {result['best_val']:.4f}, "
+        f"test {dataset.metric} {result['test_metric']:.4f}",
+        flush=True,
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
