@@ -29,7 +29,8 @@ def main(argv: list[str]) -> int:
         return 2
     sys.path.insert(0, str(HERE))
     module = importlib.import_module(f"benchmarks.{name}")
-    return int(module.main(rest) or 0)
+    rc = module.main(rest)
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ def test_load_dataset_resolves_shared_names(shared_data):
     recipe = load_recipe()
     ds = recipe.load_dataset("cora")
     assert (ds.name, ds.num_nodes, ds.num_classes, ds.metric) == ("cora", 2708, 7, "accuracy")
+    wide = recipe.load_dataset("citeseer")  # through conf/data/citeseer.yaml, as the recipe loads it
+    assert wide.num_features == 1024
     with pytest.raises(FileNotFoundError, match=r"dataset file not found: .*nope\.npz"):
         recipe.load_dataset("nope")
 

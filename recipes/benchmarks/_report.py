@@ -27,8 +27,7 @@ def machine_header(name: str, argv: list[str] | None) -> list[str]:
         f"- command: `{command}`",
         f"- commit {commit or 'unknown'}, torch {torch.__version__}, dgl {dgl_version}, "
         f"python {platform.python_version()}",
-        f"- machine: {os.cpu_count()} CPU cores, {device}, load average at end "
-        f"{os.getloadavg()[0]:.1f}",
+        f"- machine: {os.cpu_count()} CPU cores, {device}, load average at end {os.getloadavg()[0]:.1f}",
     ]
 
 

@@ -172,14 +172,28 @@ def run_dgl_baseline(
 
 
 def load_dataset(spec: str, scale: float = 1.0, seed: int = 0) -> GraphDataset:
-    """``NAME`` of a file in ../shared/data, a path to such an ``.npz`` (read by ``load_npz`` with its
-    defaults, as the Hydra data configs do), or ``generated:PRESET``."""
+    """``NAME`` of a Hydra data config (``conf/data/NAME.yaml``: the very loader call, feature
+    reduction included, that ``recipes/train.py data=NAME`` makes, so both sides train on identical
+    features), a path to an ``.npz`` (``load_npz`` defaults), or ``generated:PRESET``."""
     if spec.startswith("generated:"):
         return generate_graph(spec.split(":", 1)[1], scale=scale, seed=seed)
+    if (REPO / "conf" / "data" / f"{spec}.yaml").exists():
+        return load_data_config(spec)
     path = Path(spec)
     if path.suffix != ".npz":
         path = SHARED_DATA / f"{spec}.npz"
     return load_npz(path)
+
+
+def load_data_config(name: str) -> GraphDataset:
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("repo_root", lambda: str(REPO), replace=True)
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"data={name}"])
+    return instantiate(cfg.data)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
