@@ -49,3 +49,12 @@ def num_batches(n_train: int, batch_size: int, world_size: int = 1, drop_last: b
     per_rank = n_train // world_size if drop_last else -(-n_train // world_size)
     full, rest = divmod(per_rank, batch_size)
     return full + (1 if rest and (not drop_last or full == 0) else 0)
+
+
+def batch_rng_seed(seed: int, epoch: int, index: int) -> int:
+    """The sampler RNG seed of batch ``index`` of ``epoch``.
+
+    Sampling is seeded per batch, not per process, so a batch is the same whichever process or
+    worker draws it: the sequential loop and the pipeline train on identical batches.
+    """
+    return (int(seed) * 1_000_003 + int(epoch)) * 1_000_033 + int(index)

@@ -1,0 +1,69 @@
+"""The device mini-batch queue (paper Fig. 1): bounded, resizable, and able to carry an error."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+END = object()  # marks the end of an epoch
+
+
+class DeviceQueue:
+    """A FIFO holding at most ``capacity`` batches; the capacity can change while in use (adaptive Q).
+
+    ``put`` blocks while full and gives up when ``stop`` is set; ``finish``/``fail`` always go
+    through so the consumer learns about the end of the epoch or an error without delay.
+    """
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"queue capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._items: deque = deque()
+        self._cond = threading.Condition()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def set_capacity(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"queue capacity must be >= 1, got {capacity}")
+        with self._cond:
+            self.capacity = capacity
+            self._cond.notify_all()
+
+    def put(self, item: Any, stop: threading.Event) -> bool:
+        """Append ``item`` once there is room; False if ``stop`` was set first."""
+        with self._cond:
+            while len(self._items) >= self.capacity:
+                if stop.is_set():
+                    return False
+                self._cond.wait(0.1)
+            self._items.append(("item", item))
+            self._cond.notify_all()
+            return True
+
+    def finish(self) -> None:
+        with self._cond:
+            self._items.append(("end", END))
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            self._items.append(("error", error))
+            self._cond.notify_all()
+
+    def get(self, timeout: float) -> tuple[str, Any] | None:
+        """``(kind, payload)`` with kind in {"item", "end", "error"}, or None on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._items:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+            entry = self._items.popleft()
+            self._cond.notify_all()
+            return entry

@@ -1,0 +1,283 @@
+"""The pipelined training loader: workers → CPU queue → transfer thread → device queue → training.
+
+Lifecycle (chosen: persistent workers per fit). The worker pool starts at the first epoch's
+``iter()`` and lives until ``shutdown()`` (DataModule ``teardown``/``on_exception``, or garbage
+collection). Each epoch runs its own transfer thread; an epoch abandoned early
+(``limit_train_batches``, early stopping) is stopped at the next ``iter()`` or at shutdown, and
+the workers are drained before the next epoch starts, so the feature cache is refreshed while
+they are idle. Batches reach the training loop in index order, whatever worker made them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from lightning_mqgnn.pipeline.device_queue import DeviceQueue
+from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize, QueueSizeEstimate
+from lightning_mqgnn.pipeline.schedule import batch_rng_seed
+from lightning_mqgnn.pipeline.transfer import DeviceMover, batch_nbytes
+from lightning_mqgnn.pipeline.workers import SamplerWorkerPool, WorkerError
+from lightning_mqgnn.sampling.batch import MiniBatch
+
+if TYPE_CHECKING:
+    from lightning_mqgnn.data import MQGNNDataModule
+
+_POLL_S = 0.1
+
+
+@runtime_checkable
+class FeatureCache(Protocol):
+    """A device feature cache (GNS, eq. 14-16): ``nodes`` are the cached ids, ``slot[v]`` the cache
+    row of node v or -1; ``refresh_(epoch)`` redraws both in place (shared memory)."""
+
+    nodes: Tensor
+    slot: Tensor
+
+    def refresh_(self, epoch: int) -> None: ...
+
+
+class PipelinedLoader:
+    """Training batches of ``datamodule`` through the multi-queue pipeline.
+
+    ``queue_size``: an int for a fixed device queue, or ``"auto"`` for eq. 24-25.
+    ``cpu_queue_size``: batches produced ahead of the transfer (in workers, in the result queue
+    and in the reorder buffer together); default ``2 * num_workers``.
+    """
+
+    def __init__(
+        self,
+        datamodule: MQGNNDataModule,
+        num_workers: int,
+        queue_size: int | str = "auto",
+        cpu_queue_size: int | None = None,
+        start_method: str = "auto",
+        worker_threads: int = 1,
+        warmup_batches: int = 5,
+        window_batches: int = 20,
+        memory_margin: float = 0.1,
+        device: torch.device | str | None = None,
+    ):
+        if queue_size != "auto" and (not isinstance(queue_size, int) or queue_size < 1):
+            raise ValueError(f"queue_size must be a positive int or 'auto', got {queue_size!r}")
+        self.dm = datamodule
+        self.num_workers = num_workers
+        self.fixed_q = None if queue_size == "auto" else int(queue_size)
+        self.cpu_capacity = max(1, cpu_queue_size if cpu_queue_size is not None else 2 * num_workers)
+        self.start_method = start_method
+        self.worker_threads = worker_threads
+        self._device = device
+        self.sizer = AdaptiveQueueSize(
+            device="cpu", warmup=warmup_batches, window=window_batches, margin=memory_margin
+        )
+        self.pool: SamplerWorkerPool | None = None
+        self.mover: DeviceMover | None = None
+        self.generation = 0
+        self._run: _EpochRun | None = None
+
+    def __len__(self) -> int:
+        return self.dm.num_train_batches()
+
+    @property
+    def queue_size(self) -> int:
+        return self.fixed_q if self.fixed_q is not None else self.sizer.q
+
+    @property
+    def queue_size_history(self) -> list[QueueSizeEstimate]:
+        return self.sizer.history
+
+    def device(self) -> torch.device:
+        if self._device is not None:
+            return torch.device(self._device)
+        trainer = self.dm.trainer
+        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+
+    def _ensure_started(self) -> SamplerWorkerPool:
+        if self.mover is None:
+            self.mover = DeviceMover(self.device())
+            self.sizer.device = self.mover.device
+        if self.pool is None or not self.pool.running:
+            ds = self.dm.dataset
+            cache = self.dm.feature_cache
+            self.pool = SamplerWorkerPool(
+                self.dm.sampler,
+                ds.features,
+                ds.labels,
+                self.num_workers,
+                cache_slot=cache.slot if cache is not None else None,
+                start_method=self.start_method,
+                worker_threads=self.worker_threads,
+            )
+            self.pool.start()
+        return self.pool
+
+    def __iter__(self) -> Iterator[MiniBatch]:
+        """A new epoch; it starts at its first ``next()`` (Lightning also calls ``iter()`` once
+        just to check that the loader is iterable)."""
+        self.close_epoch()
+        self.generation += 1
+        self._run = _EpochRun(self, self.generation)
+        return self._run
+
+    def _begin_epoch(self) -> tuple[int, list[Tensor]]:
+        pool = self._ensure_started()
+        pool.drain()  # workers idle: safe to refresh the shared cache slots
+        epoch = self.dm.current_epoch()
+        cache = self.dm.feature_cache
+        if cache is not None:
+            cache.refresh_(epoch)
+            self.mover.set_cache(self.dm.dataset.features.index_select(0, cache.nodes).to(self.mover.device))
+        return epoch, self.dm.epoch_seeds(epoch)
+
+    def close_epoch(self) -> None:
+        """Stop the current epoch's transfer thread (its in-flight tasks are drained later)."""
+        if self._run is not None:
+            self._run.stop()
+            self._run = None
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the transfer thread and every worker; safe to call repeatedly."""
+        self.close_epoch()
+        if self.pool is not None:
+            self.pool.stop(timeout)
+            self.pool = None
+
+    def worker_pids(self) -> list[int]:
+        return self.pool.pids() if self.pool is not None else []
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.shutdown(timeout=1.0)
+
+
+class _EpochRun:
+    """One epoch: a transfer thread feeding the device queue, and the iterator the trainer reads."""
+
+    def __init__(self, loader: PipelinedLoader, generation: int):
+        self.loader = loader
+        self.generation = generation
+        self.epoch = -1
+        self.batches: list[Tensor] = []
+        self.queue = DeviceQueue(loader.queue_size)
+        self.stop_event = threading.Event()
+        self.done = False
+        self._last_return: float | None = None
+        self._thread: threading.Thread | None = None
+
+    def _start(self) -> None:
+        self.epoch, self.batches = self.loader._begin_epoch()
+        self._thread = threading.Thread(target=self._produce, name="mqgnn-transfer", daemon=True)
+        self._thread.start()
+
+    # ----- producer: the transfer thread
+    def _produce(self) -> None:
+        loader, pool, mover = self.loader, self.loader.pool, self.loader.mover
+        seed = loader.dm.seed
+        n = len(self.batches)
+        pending: dict[int, MiniBatch] = {}  # reorder buffer: results arrive in completion order
+        submitted = 0
+        out = 0
+        try:
+            while out < n:
+                if self.stop_event.is_set():
+                    return
+                while submitted < n and pool.in_flight + len(pending) < loader.cpu_capacity:
+                    rng = batch_rng_seed(seed, self.epoch, submitted)
+                    pool.submit(self.generation, submitted, self.batches[submitted], rng)
+                    submitted += 1
+                batch = pending.pop(out, None)
+                if batch is None:
+                    try:
+                        result = pool.get(timeout=_POLL_S)
+                    except queue.Empty:
+                        continue
+                    if result.generation == self.generation:
+                        pending[result.index] = result.batch
+                    continue
+                cpu_depth = pool.in_flight + len(pending) + 1
+                t0 = time.perf_counter()
+                dev, event = mover.to_device(batch)
+                if event is not None:
+                    event.synchronize()  # only this thread waits (to time the copy); compute never does
+                transfer_s = time.perf_counter() - t0
+                dev.meta.update(
+                    transfer_s=transfer_s, cpu_queue_depth=cpu_depth, batch_bytes=batch_nbytes(dev)
+                )
+                loader.sizer.observe_prep(dev.meta["sample_s"] + dev.meta["gather_s"] + transfer_s)
+                if not self.queue.put((dev, event), self.stop_event):
+                    return
+                out += 1
+            self.queue.finish()
+        except BaseException as exc:  # surfaces in the training thread at its next batch request
+            self.queue.fail(exc)
+
+    # ----- consumer: the training thread
+    def __iter__(self) -> _EpochRun:
+        return self
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __next__(self) -> MiniBatch:
+        if self.done:
+            raise StopIteration
+        loader = self.loader
+        if self._thread is None:
+            self._start()
+        start = time.perf_counter()
+        compute_s = None
+        if self._last_return is not None:
+            compute_s = start - self._last_return  # the training step between two requests
+            loader.sizer.observe_compute(compute_s)
+        depth = len(self.queue)
+        while True:
+            entry = self.queue.get(timeout=_POLL_S)
+            if entry is not None:
+                break
+            if not self._thread.is_alive() and len(self.queue) == 0:
+                self.stop()
+                raise RuntimeError("the mini-batch transfer thread stopped without ending the epoch")
+        kind, payload = entry
+        if kind == "end":
+            self.done = True
+            raise StopIteration
+        if kind == "error":
+            self.done = True
+            loader.shutdown(timeout=1.0)
+            if isinstance(payload, WorkerError):
+                raise WorkerError(str(payload)) from None
+            raise RuntimeError(f"the mini-batch pipeline failed: {payload!r}") from payload
+        batch, event = payload
+        batch = loader.mover.hand_over(batch, event)
+        index = batch.meta["index"]
+        if loader.fixed_q is None:
+            est = loader.sizer.update(batch.meta["batch_bytes"], index)
+            if est is not None:
+                self.queue.set_capacity(est.q)
+        batch.meta.update(
+            wait_s=time.perf_counter() - start,
+            device_queue_depth=depth,
+            queue_size=self.queue.capacity,
+            epoch=self.epoch,
+        )
+        if compute_s is not None:
+            batch.meta["prev_compute_s"] = compute_s
+        self._last_return = time.perf_counter()
+        return batch
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.done = True
+        thread = self._thread
+        if thread is not None and thread.is_alive() and threading.current_thread() is not thread:
+            thread.join(5.0)
+
+    def __del__(self):
+        self.stop_event.set()

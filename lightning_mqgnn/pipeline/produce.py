@@ -1,0 +1,36 @@
+"""One mini-batch, from seeds to gathered features: the work a sampler worker does."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from lightning_mqgnn.pipeline.gather import gather
+from lightning_mqgnn.sampling.base import Sampler
+from lightning_mqgnn.sampling.batch import MiniBatch
+
+
+def produce_batch(
+    sampler: Sampler,
+    seeds: Tensor,
+    features: Tensor,
+    labels: Tensor,
+    rng_seed: int,
+    index: int,
+    cache_slot: Tensor | None = None,
+) -> MiniBatch:
+    """Sample ``seeds`` with torch's global generator seeded to ``rng_seed``, then gather.
+
+    Reseeds the global generator of the calling process: callers that also train in this
+    process wrap it in ``torch.random.fork_rng`` so the model's own random stream is untouched.
+    Stage times go to ``batch.meta`` (``sample_s``, ``gather_s``).
+    """
+    torch.manual_seed(rng_seed)
+    t0 = time.perf_counter()
+    batch = sampler.sample(seeds)
+    t1 = time.perf_counter()
+    gather(batch, features, labels, cache_slot)
+    batch.meta.update(index=index, sample_s=t1 - t0, gather_s=time.perf_counter() - t1)
+    return batch

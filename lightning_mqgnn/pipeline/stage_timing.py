@@ -1,0 +1,126 @@
+"""Per-batch stage times of the pipeline, logged through Lightning and summarised at the end.
+
+Stages: sampling, gathering, transfer (from ``batch.meta``, measured where they ran), waiting
+for data (training thread blocked in the loader), forward, backward, optimiser (callback hooks),
+and the queue depths. The summary uses the paper's batch time: the first and last 20 batches
+are dropped before averaging.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_mqgnn.callbacks import trimmed_mean
+
+META_STAGES = ("sample_s", "gather_s", "transfer_s", "wait_s")
+META_GAUGES = ("device_queue_depth", "cpu_queue_depth", "queue_size")
+HOOK_STAGES = ("forward_s", "backward_s", "optimizer_s", "batch_s")
+
+
+class StageTimingCallback(pl.Callback):
+    """Record and log every training batch's stage times; ``summary`` holds the end-of-fit digest.
+
+    ``batch_s`` runs from the previous batch's end (so waiting for data counts) to this one's.
+    On CUDA the hooks synchronise the current stream (not the side stream) so forward/backward
+    times are real, at the cost of a small stall; pass ``cuda_sync=False`` to avoid it.
+    """
+
+    def __init__(self, trim: int = 20, log_every_n_steps: int = 1, cuda_sync: bool = True):
+        self.trim = trim
+        self.log_every_n_steps = max(1, log_every_n_steps)
+        self.cuda_sync = cuda_sync
+        self.records: dict[str, list[float]] = defaultdict(list)
+        self.epoch_times: list[float] = []
+        self.summary: dict[str, float] = {}
+        self._marks: dict[str, float] = {}
+        self._last_end: float | None = None
+        self._epoch_start = 0.0
+
+    def _now(self, pl_module: pl.LightningModule) -> float:
+        if self.cuda_sync and pl_module.device.type == "cuda":
+            torch.cuda.current_stream(pl_module.device).synchronize()
+        return time.perf_counter()
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.records.clear()
+        self.epoch_times.clear()
+        self.summary = {}
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._epoch_start = self._last_end = self._now(pl_module)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._marks = {"start": self._now(pl_module)}
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self._marks["backward"] = self._now(pl_module)
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        self._marks["backward_end"] = self._now(pl_module)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self._marks["optimizer"] = self._now(pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        end = self._now(pl_module)
+        m = self._marks
+        row: dict[str, float] = {}
+        if "backward" in m:
+            row["forward_s"] = m["backward"] - m["start"]
+        if "backward_end" in m:
+            row["backward_s"] = m["backward_end"] - m["backward"]
+        if "optimizer" in m:
+            row["optimizer_s"] = end - m["optimizer"]
+        if self._last_end is not None:
+            row["batch_s"] = end - self._last_end
+        self._last_end = end
+        meta = getattr(batch, "meta", {}) or {}
+        for key in META_STAGES + META_GAUGES:
+            if key in meta:
+                row[key] = float(meta[key])
+        for key, value in row.items():
+            self.records[key].append(value)
+        if trainer.global_step % self.log_every_n_steps == 0:
+            pl_module.log_dict(
+                {f"stage/{k}": v for k, v in row.items()}, on_step=True, on_epoch=False, batch_size=1
+            )
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.epoch_times.append(self._now(pl_module) - self._epoch_start)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self.summary = self.summarize()
+        loader = getattr(trainer.datamodule, "pipeline_loader", None)
+        history = loader.queue_size_history if loader is not None else []
+        if history:
+            last = history[-1]
+            self.summary.update(queue_size=last.q, queue_size_estimates=len(history))
+        if trainer.logger is not None:
+            trainer.logger.log_metrics({f"stage_summary/{k}": v for k, v in self.summary.items()})
+        rank_zero_info(
+            "stage times (trimmed mean per batch, ms): "
+            + ", ".join(
+                f"{k}={1e3 * v:.2f}"
+                for k, v in self.summary.items()
+                if k.startswith("mean_") and k.endswith("_s")
+            )
+        )
+
+    def summarize(self) -> dict[str, float]:
+        """Trimmed per-batch means (``mean_*``), totals (``total_*``) and epoch times."""
+        out: dict[str, float] = {}
+        for key, values in self.records.items():
+            if key in META_GAUGES:
+                out[f"mean_{key}"] = float(sum(values) / len(values))
+                continue
+            out[f"mean_{key}"] = trimmed_mean(values, self.trim)
+            out[f"total_{key}"] = float(sum(values))
+        if self.epoch_times:
+            out["total_epoch_s"] = float(sum(self.epoch_times))
+        out["num_batches"] = float(len(self.records.get("batch_s", [])))
+        return out

@@ -1,0 +1,74 @@
+"""Host-to-device transfer on a side CUDA stream with an explicit hand-off (paper Fig. 1, stage 4).
+
+Producer side (transfer thread): pin, copy with ``non_blocking`` on the side stream, merge cached
+feature rows on the device, record an event. Consumer side (training thread): make the current
+stream wait on that event and ``record_stream`` every tensor, so the caching allocator never
+reuses their memory while the compute stream may still read it. On CPU both sides are no-ops.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_mqgnn.sampling.batch import MiniBatch
+
+
+def batch_nbytes(batch: MiniBatch) -> int:
+    """Bytes held by a mini-batch's tensors (M_mini-batch of eq. 25)."""
+    total = 0
+    for t in (batch.input_nodes, batch.output_nodes, batch.features, batch.labels, batch.cache_slots):
+        if t is not None:
+            total += t.numel() * t.element_size()
+    for b in batch.blocks:
+        for t in (b.indptr, b.indices, b.weights):
+            total += t.numel() * t.element_size()
+    return total
+
+
+class DeviceMover:
+    """Moves batches to ``device`` and merges the device feature cache into ``batch.features``."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        self.stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self.cache: Tensor | None = None
+
+    def set_cache(self, cache: Tensor | None) -> None:
+        """Install the device copy of the cached feature rows (built on the current stream)."""
+        self.cache = cache
+        if self.cuda:
+            # the side stream reads the cache: order it after the current stream's copy of it
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def to_device(self, batch: MiniBatch) -> tuple[MiniBatch, torch.cuda.Event | None]:
+        """Start the copy; returns the device batch and the event that marks its completion."""
+        if batch.cache_slots is not None:  # rows served by the device cache: not transferred
+            batch.meta["cache_hits"] = int((batch.cache_slots >= 0).sum())
+        if not self.cuda:
+            out = batch.to(self.device)
+            self._merge_cache(out)
+            return out, None
+        pinned = batch.pin_memory()  # pinning here, in the parent: pinned pages don't cross processes
+        with torch.cuda.stream(self.stream):
+            out = pinned.to(self.device, non_blocking=True)
+            self._merge_cache(out)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return out, event
+
+    def _merge_cache(self, batch: MiniBatch) -> None:
+        if batch.cache_slots is None:
+            return
+        batch.features = batch.input_features(self.cache)
+        batch.cache_slots = None  # the model sees full feature rows and never knows about the cache
+
+    def hand_over(self, batch: MiniBatch, event: torch.cuda.Event | None) -> MiniBatch:
+        """Consumer side: order the current stream after the copy and pin the memory to it."""
+        if event is None:
+            return batch
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(event)
+        batch.record_stream(current)
+        return batch

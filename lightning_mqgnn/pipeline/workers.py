@@ -1,0 +1,285 @@
+"""Sampler worker processes: the producers of the CPU mini-batch queue (paper Fig. 1, stage 3).
+
+Each worker receives small tasks (batch index + seed ids) and returns a sampled, gathered
+``MiniBatch``. The graph and the feature matrix are never copied per worker: they live in shared
+memory (``GraphDataset.share_memory_()``) and a forked worker maps the same pages, a spawned one
+receives them as shared-memory handles. Result tensors travel back through torch's
+multiprocessing queue, i.e. one shared-memory segment per tensor and no pickled payload.
+
+Start method: ``fork`` when it is safe (Linux, CUDA not initialised in this process): no
+re-import, the sampler object is inherited as is. Otherwise ``spawn`` (needs a picklable
+sampler; the shared-memory tensors are passed by handle).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+import time
+import traceback
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+from torch import Tensor
+
+from lightning_mqgnn.pipeline.packing import PackedBatch, pack_batch, unpack_batch
+from lightning_mqgnn.pipeline.produce import produce_batch
+from lightning_mqgnn.sampling.base import Sampler
+from lightning_mqgnn.sampling.batch import MiniBatch
+
+START_METHODS = ("auto", "fork", "spawn", "forkserver")
+_POLL_S = 0.2
+
+
+class WorkerError(RuntimeError):
+    """A sampler worker raised or died; the message names the worker and carries its traceback."""
+
+
+@dataclass
+class WorkerResult:
+    """A batch (or a worker's failure) coming back from the CPU queue."""
+
+    generation: int
+    index: int
+    batch: PackedBatch | MiniBatch | None = None  # packed on the way, unpacked by ``get``
+    error: str | None = None
+    worker: int = -1
+
+
+def default_num_workers(ranks_on_node: int = 1) -> int:
+    """Cores this rank may use, less one for the training loop (at least one worker)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, ranks_on_node) - 1)
+
+
+def choose_start_method(start_method: str = "auto") -> str:
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+    if start_method != "auto":
+        return start_method
+    # fork after CUDA initialisation breaks the child's CUDA state; fork is also POSIX-only
+    if sys.platform.startswith("linux") and not torch.cuda.is_initialized():
+        return "fork"
+    return "spawn"
+
+
+def _parent_gone(parent_pid: int) -> bool:
+    return os.getppid() != parent_pid
+
+
+def _worker_main(
+    worker_id: int,
+    sampler: Sampler,
+    features: Tensor,
+    labels: Tensor,
+    cache_slot: Tensor | None,
+    tasks: mp.Queue,
+    results: mp.Queue,
+    num_threads: int,
+    parent_pid: int,
+) -> None:
+    """Worker loop: take a task, produce its batch, put it on the result queue; ``None`` stops.
+
+    Any exception is sent back with its formatted traceback and ends the worker. A worker whose
+    parent died (even by SIGKILL) notices within ``_POLL_S`` and exits: no orphans.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle; it stops us
+    torch.set_num_threads(num_threads)
+    while True:
+        try:
+            task = tasks.get(timeout=_POLL_S)
+        except queue.Empty:
+            if _parent_gone(parent_pid):
+                return
+            continue
+        if task is None:
+            return
+        generation, index, seeds, rng_seed = task
+        try:
+            batch = produce_batch(
+                sampler, torch.from_numpy(seeds), features, labels, rng_seed, index, cache_slot
+            )
+            t0 = time.perf_counter()
+            packed = pack_batch(batch)
+            batch.meta.update(worker=worker_id, gather_s=batch.meta["gather_s"] + time.perf_counter() - t0)
+            results.put(WorkerResult(generation, index, batch=packed, worker=worker_id))
+        except BaseException:
+            results.put(WorkerResult(generation, index, error=traceback.format_exc(), worker=worker_id))
+            break
+    # Failed: stay alive until told to stop. The batches this worker already sent are shared
+    # by file descriptor and can only be received while it is still running.
+    while True:
+        try:
+            if tasks.get(timeout=_POLL_S) is None:
+                return
+        except queue.Empty:
+            if _parent_gone(parent_pid):
+                return
+
+
+def _stop_processes(procs: list, tasks, timeout: float) -> None:
+    """Sentinel, join with a deadline, then terminate, then kill."""
+    for _ in procs:
+        try:
+            tasks.put_nowait(None)
+        except Exception:  # a closed or broken queue: the escalation below still stops them
+            break
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(1.0)
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "is still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name} (exit code {exitcode})"
+    return f"exited with code {exitcode}"
+
+
+class SamplerWorkerPool:
+    """``num_workers`` processes turning tasks into gathered mini-batches.
+
+    ``submit`` and ``get`` are called from one thread (the transfer thread); ``stop`` from any.
+    ``in_flight`` counts submitted tasks whose result has not been taken yet, which is what
+    bounds the CPU queue.
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        features: Tensor,
+        labels: Tensor,
+        num_workers: int,
+        cache_slot: Tensor | None = None,
+        start_method: str = "auto",
+        worker_threads: int = 1,
+    ):
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if worker_threads < 1:
+            raise ValueError(f"worker_threads must be >= 1, got {worker_threads}")
+        self.sampler = sampler
+        self.features = features
+        self.labels = labels
+        self.cache_slot = cache_slot
+        self.num_workers = num_workers
+        self.start_method = choose_start_method(start_method)
+        self.worker_threads = worker_threads
+        self.in_flight = 0
+        self.procs: list = []
+        self._tasks = None
+        self._results = None
+        self._finalizer = None
+
+    @property
+    def running(self) -> bool:
+        return bool(self.procs)
+
+    def start(self) -> None:
+        if self.procs:
+            return
+        ctx = mp.get_context(self.start_method)
+        self._tasks = ctx.Queue()
+        self._results = ctx.Queue()
+        for t in (self.features, self.labels, self.cache_slot):
+            if t is not None and not t.is_shared():
+                t.share_memory_()  # in place: a refresh of the cache slots stays visible to workers
+        for i in range(self.num_workers):
+            p = ctx.Process(
+                target=_worker_main,
+                args=(
+                    i,
+                    self.sampler,
+                    self.features,
+                    self.labels,
+                    self.cache_slot,
+                    self._tasks,
+                    self._results,
+                    self.worker_threads,
+                    os.getpid(),
+                ),
+                name=f"mqgnn-sampler-{i}",
+                daemon=True,
+            )
+            p.start()
+            self.procs.append(p)
+        # last line of defence: stop the workers when the pool is collected or at exit
+        self._finalizer = weakref.finalize(self, _stop_processes, list(self.procs), self._tasks, 2.0)
+
+    def submit(self, generation: int, index: int, seeds: Tensor, rng_seed: int) -> None:
+        self._tasks.put((generation, index, np.ascontiguousarray(seeds.numpy()), rng_seed))
+        self.in_flight += 1
+
+    def get(self, timeout: float) -> WorkerResult:
+        """Next result in completion order; raises ``WorkerError`` if a worker failed or died,
+        ``queue.Empty`` on timeout."""
+        try:
+            result: WorkerResult = self._results.get(timeout=timeout)
+        except queue.Empty:
+            self.check_alive()
+            raise
+        except (ConnectionError, EOFError, OSError):
+            # a tensor's sender died before we received it: report the dead worker, not the socket
+            time.sleep(_POLL_S)
+            self.check_alive()
+            raise
+        self.in_flight -= 1
+        if result.error is not None:
+            raise WorkerError(
+                f"sampler worker {result.worker} raised while producing batch {result.index}:\n{result.error}"
+            )
+        result.batch = unpack_batch(result.batch)
+        return result
+
+    def check_alive(self) -> None:
+        for i, p in enumerate(self.procs):
+            if not p.is_alive():
+                raise WorkerError(f"sampler worker {i} (pid {p.pid}) {describe_exit(p.exitcode)}")
+
+    def drain(self, timeout: float = 30.0) -> None:
+        """Wait for every in-flight task and drop its result, so the workers are idle."""
+        deadline = time.monotonic() + timeout
+        while self.in_flight > 0:
+            if time.monotonic() > deadline:
+                raise WorkerError(f"sampler workers did not finish {self.in_flight} tasks in {timeout} s")
+            try:
+                self.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop every worker (sentinel, join, terminate, kill) and release the queues."""
+        if not self.procs:
+            return
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        _stop_processes(self.procs, self._tasks, timeout)
+        for q in (self._tasks, self._results):
+            q.cancel_join_thread()  # never block interpreter exit on an unread queue
+            q.close()
+        self.procs = []
+        self.in_flight = 0
+        self._tasks = self._results = None
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]

@@ -1,0 +1,84 @@
+"""Shared helpers of the pipeline tests: a small dataset, samplers that fail on purpose, and
+the process-table check."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import torch
+
+from lightning_mqgnn.graph.generated import generate_graph
+from lightning_mqgnn.sampling.neighbor import NeighborSampler
+
+
+def small_dataset(num_nodes: int = 1500, seed: int = 0):
+    return generate_graph("arxiv", seed=seed, num_nodes=num_nodes, num_features=16, num_classes=4)
+
+
+class FailInWorkerSampler(NeighborSampler):
+    """Raises on its ``fail_on``-th call inside a worker process (never in the parent)."""
+
+    def __init__(self, graph, fanouts, fail_on: int = 3):
+        super().__init__(graph, fanouts, "mean")
+        self.parent_pid = os.getpid()
+        self.fail_on = fail_on
+        self.calls = 0
+
+    def sample(self, seeds):
+        if os.getpid() != self.parent_pid:
+            self.calls += 1
+            if self.calls >= self.fail_on:
+                raise ValueError(f"injected sampler failure on call {self.calls}")
+        return super().sample(seeds)
+
+
+class SlowSampler(NeighborSampler):
+    """Sleeps before sampling: makes the producer the slow stage."""
+
+    def __init__(self, graph, fanouts, delay_s: float):
+        super().__init__(graph, fanouts, "mean")
+        self.delay_s = delay_s
+
+    def sample(self, seeds):
+        time.sleep(self.delay_s)
+        return super().sample(seeds)
+
+
+def alive(pids: list[int]) -> list[int]:
+    """The pids among ``pids`` that are still running (zombies count as gone)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def live_children() -> set[int]:
+    """Live (non-zombie) descendants of this process: the process table the tests check."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def assert_gone(pids: list[int], within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive(pids) == [], f"orphan worker processes: {alive(pids)}"
+
+
+def seeded_module(ds, seed: int = 0, hidden: int = 16):
+    from lightning_mqgnn.models import NodeClassifier
+
+    torch.manual_seed(seed)
+    return NodeClassifier(ds.num_features, ds.num_classes, conv="sage", hidden=hidden, dropout=0.2)

@@ -1,0 +1,57 @@
+"""The CUDA path of the transfer stage: pinned copy on a side stream, event hand-off,
+record_stream, device-side cache merge, and eq. 25 from torch.cuda.mem_get_info."""
+
+import pytest
+import torch
+from pipeline_helpers import small_dataset
+
+from lightning_mqgnn.data import MQGNNDataModule, SequentialLoader
+from lightning_mqgnn.pipeline.queue_size import device_memory
+from lightning_mqgnn.pipeline.transfer import DeviceMover
+from lightning_mqgnn.sampling.neighbor import NeighborSampler
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def ds():
+    if not torch.cuda.is_available():
+        pytest.fail("the gpu marker needs a CUDA device")
+    return small_dataset(800)
+
+
+def test_side_stream_copy_is_complete_after_hand_over(ds):
+    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128)
+    cpu = next(iter(SequentialLoader(dm)))
+    mover = DeviceMover("cuda")
+    dev, event = mover.to_device(cpu)
+    assert event is not None and dev.features.is_cuda and dev.blocks[0].indices.is_cuda
+    dev = mover.hand_over(dev, event)
+    torch.cuda.current_stream().synchronize()
+    assert torch.equal(dev.features.cpu(), cpu.features)
+    assert torch.equal(dev.blocks[1].weights.cpu(), cpu.blocks[1].weights)
+
+
+def test_pipeline_delivers_device_batches_equal_to_the_sequential_ones(ds):
+    seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=4)
+    pipe = MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=4, mode="pipeline", num_workers=1
+    )
+    loader = pipe.train_dataloader()
+    loader._device = "cuda"
+    try:
+        got = list(loader)
+    finally:
+        pipe.shutdown_pipeline()
+    assert loader.pool is None or not loader.pool.running
+    for a, b in zip(SequentialLoader(seq), got):
+        assert b.features.is_cuda
+        assert torch.equal(a.features, b.features.cpu()) and torch.equal(a.input_nodes, b.input_nodes.cpu())
+
+
+def test_memory_cap_inputs_come_from_the_device():
+    if not torch.cuda.is_available():
+        pytest.fail("the gpu marker needs a CUDA device")
+    available, peak = device_memory(torch.device("cuda"), 0.1)
+    free, total = torch.cuda.mem_get_info()
+    assert free <= available <= total and peak >= 0

@@ -1,0 +1,189 @@
+"""Pipeline lifecycle under the Lightning Trainer: workers start with fit and stop at its end, on
+early stopping, on exceptions and KeyboardInterrupt; worker failures surface in the training
+process with the worker's traceback; no orphan processes remain."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from pipeline_helpers import (
+    FailInWorkerSampler,
+    assert_gone,
+    live_children,
+    seeded_module,
+    small_dataset,
+)
+
+from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.pipeline.workers import WorkerError
+from lightning_mqgnn.sampling.neighbor import NeighborSampler
+
+
+@pytest.fixture(scope="module")
+def ds():
+    return small_dataset()
+
+
+def make_trainer(callbacks=(), **kw):
+    opts = dict(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    opts.update(kw)
+    return pl.Trainer(callbacks=list(callbacks), **opts)
+
+
+def pipeline_dm(ds, sampler=None, **kw):
+    sampler = sampler or NeighborSampler(ds.graph, [5, 5])
+    return MQGNNDataModule(ds, sampler, batch_size=64, mode="pipeline", num_workers=2, **kw)
+
+
+class Recorder(pl.Callback):
+    """Records the batch indices per epoch and the worker pids seen while training; optionally
+    acts on a given batch."""
+
+    def __init__(self, act_at: int = -1, action=None):
+        self.indices: dict[int, list[int]] = {}
+        self.pids: set[int] = set()
+        self.act_at = act_at
+        self.action = action
+        self.acted_at: float | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.indices.setdefault(trainer.current_epoch, []).append(batch.meta["index"])
+        self.pids.update(trainer.datamodule.pipeline_loader.worker_pids())
+        if batch_idx == self.act_at and self.action is not None and self.acted_at is None:
+            self.acted_at = time.monotonic()
+            self.action(trainer, self)
+
+
+def test_limit_train_batches_and_epoch_boundaries(ds):
+    before = live_children()
+    rec = Recorder()
+    trainer = make_trainer([rec], max_epochs=3, limit_train_batches=3)
+    trainer.fit(seeded_module(ds), pipeline_dm(ds))
+    assert rec.indices == {0: [0, 1, 2], 1: [0, 1, 2], 2: [0, 1, 2]}
+    assert len(rec.pids) == 2  # persistent workers: the same two processes serve every epoch
+    assert trainer.datamodule.pipeline_loader.worker_pids() == []
+    assert_gone(sorted(rec.pids))
+    assert live_children() - before == set()
+
+
+def test_early_stopping_stops_workers(ds):
+    def stop(trainer, rec):
+        trainer.should_stop = True
+
+    rec = Recorder(act_at=2, action=stop)
+    make_trainer([rec], max_epochs=5).fit(seeded_module(ds), pipeline_dm(ds))
+    assert list(rec.indices) == [0] and rec.indices[0] == [0, 1, 2]
+    assert_gone(sorted(rec.pids))
+
+
+def test_exception_in_training_stops_workers(ds):
+    def boom(trainer, rec):
+        raise ArithmeticError("training step failed")
+
+    rec = Recorder(act_at=2, action=boom)
+    with pytest.raises(ArithmeticError, match="training step failed"):
+        make_trainer([rec]).fit(seeded_module(ds), pipeline_dm(ds))
+    assert rec.pids and len(rec.pids) == 2
+    assert_gone(sorted(rec.pids))
+
+
+def test_keyboard_interrupt_stops_workers(ds):
+    def interrupt(trainer, rec):
+        raise KeyboardInterrupt
+
+    rec = Recorder(act_at=1, action=interrupt)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit):  # Lightning's graceful shutdown ends with sys.exit(1)
+            make_trainer([rec]).fit(seeded_module(ds), pipeline_dm(ds))
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert_gone(sorted(rec.pids))
+
+
+def test_worker_exception_surfaces_with_its_traceback(ds):
+    before = live_children()
+    dm = pipeline_dm(ds, sampler=FailInWorkerSampler(ds.graph, [5, 5], fail_on=3))
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        make_trainer().fit(seeded_module(ds), dm)
+    assert time.monotonic() - t0 < 60
+    msg = str(info.value)
+    assert "sampler worker" in msg and "Traceback" in msg
+    assert "injected sampler failure on call 3" in msg and "pipeline_helpers.py" in msg
+    assert_gone(sorted(live_children() - before))
+    assert live_children() - before == set()
+
+
+def test_worker_killed_mid_epoch_surfaces_within_seconds(ds):
+    before = live_children()
+
+    def kill_worker(trainer, rec):
+        os.kill(trainer.datamodule.pipeline_loader.worker_pids()[0], signal.SIGKILL)
+
+    rec = Recorder(act_at=2, action=kill_worker)
+    with pytest.raises(WorkerError, match="SIGKILL") as info:
+        make_trainer([rec]).fit(seeded_module(ds), pipeline_dm(ds, cpu_queue_size=2, queue_size=1))
+    assert time.monotonic() - rec.acted_at < 5.0
+    assert "sampler worker 0" in str(info.value)
+    assert_gone(sorted(rec.pids))
+    assert live_children() - before == set()
+
+
+def test_workers_exit_when_the_training_process_is_killed(tmp_path):
+    script = tmp_path / "victim.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, signal, sys
+            sys.path.insert(0, {os.path.dirname(__file__)!r})
+            from pipeline_helpers import small_dataset
+            from lightning_mqgnn.pipeline.workers import SamplerWorkerPool
+            from lightning_mqgnn.sampling.neighbor import NeighborSampler
+            ds = small_dataset(300)
+            pool = SamplerWorkerPool(NeighborSampler(ds.graph, [5]), ds.features, ds.labels, 2)
+            pool.start()
+            print(" ".join(map(str, pool.pids())), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == -signal.SIGKILL
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2
+    assert_gone(pids, within_s=5.0)
+
+
+def test_pipeline_trains_exactly_like_the_sequential_loop(ds):
+    results = {}
+    for mode in ("sequential", "pipeline"):
+        dm = MQGNNDataModule(
+            ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, mode=mode, num_workers=2, seed=1
+        )
+        model = seeded_module(ds, seed=7)
+        trainer = make_trainer(max_epochs=2, limit_val_batches=1.0)
+        trainer.fit(model, dm)
+        results[mode] = (
+            float(trainer.callback_metrics["train/loss"]),
+            float(trainer.callback_metrics["val/metric"]),
+            torch.cat([p.detach().flatten() for p in model.parameters()]),
+        )
+    (la, va, pa), (lb, vb, pb) = results["sequential"], results["pipeline"]
+    assert la == lb and va == vb
+    assert torch.equal(pa, pb)

@@ -1,0 +1,156 @@
+"""The pipelined loader delivers exactly the sequential loop's batches, in order, and serves the
+device feature cache."""
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from pipeline_helpers import SlowSampler, live_children, seeded_module, small_dataset
+
+from lightning_mqgnn.data import MQGNNDataModule, SequentialLoader
+from lightning_mqgnn.sampling.neighbor import NeighborSampler
+
+
+@pytest.fixture(scope="module")
+def ds():
+    return small_dataset()
+
+
+class JitterSampler(SlowSampler):
+    """Uneven sampling times so two workers finish out of order."""
+
+    def sample(self, seeds):
+        import time
+
+        time.sleep(0.03 * int(seeds[0] % 3))
+        return NeighborSampler.sample(self, seeds)
+
+
+def test_pipeline_yields_the_sequential_batches_in_order(ds):
+    before = live_children()
+    seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=3)
+    pipe = MQGNNDataModule(
+        ds, JitterSampler(ds.graph, [5, 5], 0.0), batch_size=128, seed=3, mode="pipeline", num_workers=2
+    )
+    expected = list(SequentialLoader(seq))
+    loader = pipe.train_dataloader()
+    try:
+        got = list(loader)
+        workers = {b.meta["worker"] for b in got}
+        again = list(loader)  # a second pass: the persistent workers serve it
+    finally:
+        pipe.shutdown_pipeline()
+    n = -(-ds.train_idx.numel() // 128)
+    assert len(got) == len(expected) == len(loader) == n >= 5
+    assert workers == {0, 1}
+    for a, b in zip(expected, got):
+        assert a.meta["index"] == b.meta["index"]
+        assert torch.equal(a.output_nodes, b.output_nodes)
+        assert torch.equal(a.input_nodes, b.input_nodes)  # same per-batch sampler seed
+        assert torch.equal(a.features, b.features) and torch.equal(a.labels, b.labels)
+        for x, y in zip(a.blocks, b.blocks):
+            assert torch.equal(x.indices, y.indices) and torch.equal(x.weights, y.weights)
+    assert [b.meta["index"] for b in again] == list(range(n))
+    assert all(b.meta["wait_s"] >= 0 and b.meta["transfer_s"] >= 0 for b in got)
+    assert live_children() - before == set()
+
+
+def test_bad_loader_arguments_name_the_field(ds):
+    s = NeighborSampler(ds.graph, [5])
+    with pytest.raises(ValueError, match="mode"):
+        MQGNNDataModule(ds, s, mode="overlap")
+    with pytest.raises(ValueError, match="queue_size"):
+        MQGNNDataModule(ds, s, mode="pipeline", queue_size=0)
+    with pytest.raises(ValueError, match="num_workers"):
+        MQGNNDataModule(ds, s, mode="pipeline", num_workers=0)
+    with pytest.raises(ValueError, match="start_method"):
+        MQGNNDataModule(ds, s, mode="pipeline", start_method="thread")
+
+
+class TinyCache:
+    """A feature cache with the GNS cache's interface: shared ``nodes``/``slot`` refreshed in place."""
+
+    def __init__(self, num_nodes: int, size: int):
+        self.nodes = torch.zeros(size, dtype=torch.int64)
+        self.slot = torch.full((num_nodes,), -1, dtype=torch.int64)
+        self.refreshed: list[int] = []
+
+    def refresh_(self, epoch: int) -> None:
+        gen = torch.Generator().manual_seed(100 + epoch)
+        self.nodes.copy_(torch.randperm(self.slot.numel(), generator=gen)[: self.nodes.numel()])
+        self.slot.fill_(-1)
+        self.slot[self.nodes] = torch.arange(self.nodes.numel())
+        self.refreshed.append(epoch)
+
+
+class Capture(pl.Callback):
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.rows.append(
+            (trainer.current_epoch, batch.input_nodes, batch.features, batch.cache_slots, batch.meta)
+        )
+
+
+@pytest.mark.parametrize("mode", ["sequential", "pipeline"])
+def test_feature_cache_is_refreshed_each_epoch_and_merged_before_the_model(ds, mode):
+    cache = TinyCache(ds.num_nodes, 300)
+    dm = MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=256, mode=mode, num_workers=1, feature_cache=cache
+    )
+    cap = Capture()
+    trainer = pl.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[cap],
+    )
+    trainer.fit(seeded_module(ds), dm)
+    assert cache.refreshed == [0, 1]
+    for epoch, nodes, feats, slots, meta in cap.rows:
+        assert slots is None  # the model never sees the cache
+        assert torch.equal(feats, ds.features[nodes])
+        if mode == "pipeline":  # the workers read the slots of *this* epoch's cache
+            gen = torch.Generator().manual_seed(100 + epoch)
+            cached = torch.randperm(ds.num_nodes, generator=gen)[:300]
+            assert meta["cache_hits"] == int(torch.isin(nodes, cached).sum()) > 0
+
+
+def test_gns_cache_and_sampler_train_identically_in_both_modes(ds):
+    from lightning_mqgnn.sampling.gns import GNSCache, GNSSampler
+
+    out = {}
+    for mode in ("sequential", "pipeline"):
+        cache = GNSCache(ds.graph, ds.train_idx, fraction=0.05, fanouts=(5, 5), seed=0)
+        dm = MQGNNDataModule(
+            ds,
+            GNSSampler(ds.graph, [5, 5], cache),
+            batch_size=256,
+            mode=mode,
+            num_workers=1,
+            feature_cache=cache,
+        )
+        cap = Capture()
+        trainer = pl.Trainer(
+            max_epochs=2,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            callbacks=[cap],
+        )
+        model = seeded_module(ds, seed=3)
+        trainer.fit(model, dm)
+        out[mode] = (cap.rows, torch.cat([p.detach().flatten() for p in model.parameters()]))
+    (rows_a, params_a), (rows_b, params_b) = out["sequential"], out["pipeline"]
+    assert len(rows_a) == len(rows_b) > 0
+    for a, b in zip(rows_a, rows_b):
+        assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])  # same nodes, same merged features
+    assert sum(r[4].get("cache_hits", 0) for r in rows_b) > 0
+    assert torch.equal(params_a, params_b)

@@ -1,0 +1,63 @@
+"""Stage times and queue depths reach Lightning's logger; the end-of-fit summary and the adaptive
+queue-size decisions are recorded."""
+
+import csv
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import CSVLogger
+from pipeline_helpers import seeded_module, small_dataset
+
+from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.pipeline.stage_timing import StageTimingCallback
+from lightning_mqgnn.sampling.neighbor import NeighborSampler
+
+
+def test_stage_times_are_logged_and_summarised(tmp_path):
+    ds = small_dataset(1500)
+    dm = MQGNNDataModule(
+        ds,
+        NeighborSampler(ds.graph, [5, 5]),
+        batch_size=64,
+        mode="pipeline",
+        num_workers=1,
+        queue_size="auto",
+        warmup_batches=1,
+        window_batches=3,
+    )
+    timing = StageTimingCallback(trim=2)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path, name="t"),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[timing],
+    )
+    trainer.fit(seeded_module(ds), dm)
+    n = dm.num_train_batches()
+    s = timing.summary
+    assert s["num_batches"] == n
+    for stage in (
+        "sample_s",
+        "gather_s",
+        "transfer_s",
+        "wait_s",
+        "forward_s",
+        "backward_s",
+        "optimizer_s",
+        "batch_s",
+    ):
+        assert s[f"mean_{stage}"] >= 0 and s[f"total_{stage}"] > 0, stage
+    assert s["total_epoch_s"] >= s["total_forward_s"] + s["total_backward_s"]
+    history = dm.pipeline_loader.queue_size_history
+    assert history and s["queue_size"] == history[-1].q >= 1
+    assert history[0].t_compute_mean_s > 0 and history[0].batch_bytes > 0 and history[0].cap >= 1
+    with open(trainer.logger.experiment.metrics_file_path) as f:
+        rows = list(csv.DictReader(f))
+    cols = set(rows[0])
+    assert {"stage/forward_s", "stage/wait_s", "stage/device_queue_depth", "stage/queue_size"} <= cols
+    assert "stage_summary/mean_batch_s" in cols
+    assert sum(1 for r in rows if r.get("stage/forward_s")) == n
