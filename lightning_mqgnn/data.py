@@ -9,7 +9,7 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_mqgnn.graph.dataset import GraphDataset
-from lightning_mqgnn.models.inference import FullGraphBatch
+from lightning_mqgnn.models.inference import FullGraphLoader
 from lightning_mqgnn.pipeline.loader import FeatureCache, PipelinedLoader
 from lightning_mqgnn.pipeline.produce import produce_batch
 from lightning_mqgnn.pipeline.schedule import batch_rng_seed, epoch_batches, num_batches
@@ -141,11 +141,11 @@ class MQGNNDataModule(pl.LightningDataModule):
             )
         return self.pipeline_loader
 
-    def val_dataloader(self) -> OneBatchLoader:
-        return OneBatchLoader(FullGraphBatch(self.dataset, self.dataset.val_idx, "val"))
+    def val_dataloader(self) -> FullGraphLoader:
+        return FullGraphLoader(self.dataset, self.dataset.val_idx, "val")
 
-    def test_dataloader(self) -> OneBatchLoader:
-        return OneBatchLoader(FullGraphBatch(self.dataset, self.dataset.test_idx, "test"))
+    def test_dataloader(self) -> FullGraphLoader:
+        return FullGraphLoader(self.dataset, self.dataset.test_idx, "test")
 
     def shutdown_pipeline(self) -> None:
         """Stop the pipeline's workers and threads (idempotent). The loader object stays, with its
@@ -160,20 +160,6 @@ class MQGNNDataModule(pl.LightningDataModule):
     def on_exception(self, exception: BaseException) -> None:
         # Lightning calls this (not teardown) on errors and KeyboardInterrupt
         self.shutdown_pipeline()
-
-
-class OneBatchLoader:
-    """A loader of exactly one batch. (A plain list would be read by Lightning as a list of
-    loaders, each iterated on its own.)"""
-
-    def __init__(self, batch: FullGraphBatch):
-        self.batch = batch
-
-    def __len__(self) -> int:
-        return 1
-
-    def __iter__(self) -> Iterator[FullGraphBatch]:
-        yield self.batch
 
 
 class SequentialLoader:

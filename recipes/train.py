@@ -18,8 +18,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-import lightning_mqgnn  # noqa: F401  (registers the strategy names)
 from lightning_mqgnn.callbacks import BatchEarlyStopping, BatchTimer
+from lightning_mqgnn.pipeline.stage_timing import StageTimingCallback
+from lightning_mqgnn.strategy import CommStatsMonitor, MQGNNStrategy  # also registers "mqgnn"
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -87,7 +88,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
     batches = datamodule_batches(datamodule, world)
     trainer = instantiate(
         cfg.trainer,
-        callbacks=[timer, checkpoint, stopper],
+        callbacks=[
+            timer,
+            checkpoint,
+            stopper,
+            StageTimingCallback(log_every_n_steps=50),
+            *strategy_callbacks(strategy),
+        ],
         strategy=strategy,
         **validation_schedule(cfg.val_every_batches, batches, int(cfg.trainer.get("max_epochs") or -1)),
     )
@@ -106,6 +113,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
             flush=True,
         )
     return result
+
+
+def strategy_callbacks(strategy) -> list[pl.Callback]:
+    """MQGNNStrategy's communication counters (gradient wait, syncs) are logged as ``comm/*``."""
+    return (
+        [CommStatsMonitor()]
+        if isinstance(strategy, MQGNNStrategy) or strategy in ("mqgnn", "mqgnn_spawn")
+        else []
+    )
 
 
 def datamodule_batches(datamodule, world_size: int) -> int:

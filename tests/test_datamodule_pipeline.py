@@ -9,8 +9,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from pipeline_helpers import small_dataset
 
-from lightning_mqgnn.data import MQGNNDataModule, OneBatchLoader, SequentialLoader
-from lightning_mqgnn.models.inference import FullGraphBatch
+from lightning_mqgnn.data import MQGNNDataModule, SequentialLoader
+from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphLoader
 from lightning_mqgnn.pipeline.loader import PipelinedLoader
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
@@ -51,7 +51,7 @@ def test_datamodule_pickles_without_live_workers(ds):
 def test_evaluation_loaders_yield_one_full_graph_batch(ds):
     dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5]), mode="pipeline")
     for loader, idx in ((dm.val_dataloader(), ds.val_idx), (dm.test_dataloader(), ds.test_idx)):
-        assert isinstance(loader, OneBatchLoader) and len(loader) == 1
+        assert isinstance(loader, FullGraphLoader) and len(loader) == 1
         (batch,) = list(loader)
         assert isinstance(batch, FullGraphBatch) and torch.equal(batch.nodes, idx)
     assert dm.pipeline_loader is None  # evaluation never starts the pipeline
