@@ -38,7 +38,7 @@ from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.base import Relabeler, segment_arange
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm
-from lightning_mqgnn.sampling.neighbor import NeighborSampler, sample_neighbor_edges
+from lightning_mqgnn.sampling.neighbor import NeighborSampler, sample_neighbor_edges, sampled_block
 
 DEGREE_RULE_MIN_TRAIN_FRACTION = 0.5  # "most nodes are training nodes" -> eq. 14, else eq. 15-16
 CACHE_RULES = ("auto", "degree", "random_walk")
@@ -252,32 +252,10 @@ class GNSSampler:
         src_nodes, local = self._relabel(dst, nbrs)
         if self.aggregation == "mean":
             w = ht / deg[rows].to(torch.float64)  # estimates the neighbour mean of eq. 17
-            indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
-            torch.cumsum(counts, 0, out=indptr[1:])
-            indices, weights = local, w
-        else:
-            norm = self._norm
-            w = ht * norm[dst][rows] * norm[nbrs]  # estimates Σ_u P_vu h_u (eq. 2)
-            indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
-            torch.cumsum(counts + 1, 0, out=indptr[1:])
-            self_pos = indptr[:-1]
-            nbr_pos = torch.ones(int(indptr[-1]), dtype=torch.bool)
-            nbr_pos[self_pos] = False
-            indices = torch.empty(int(indptr[-1]), dtype=torch.int64)
-            weights = torch.empty(int(indptr[-1]), dtype=torch.float64)
-            indices[self_pos] = torch.arange(dst.numel())
-            weights[self_pos] = norm[dst] ** 2  # the self loop is exact
-            indices[nbr_pos] = local
-            weights[nbr_pos] = w
-        block = Block(
-            num_dst=dst.numel(),
-            num_src=src_nodes.numel(),
-            indptr=indptr,
-            indices=indices,
-            weights=weights.to(torch.float32),
-            dst_in_src=True,
-        )
-        return block, src_nodes
+            return sampled_block(src_nodes.numel(), counts, local, w), src_nodes
+        norm = self._norm
+        w = ht * norm[dst][rows] * norm[nbrs]  # estimates Σ_u P_vu h_u (eq. 2); the self loop is exact
+        return sampled_block(src_nodes.numel(), counts, local, w, self_weights=norm[dst] ** 2), src_nodes
 
 
 def cached_edges(graph: CSRGraph, dst: Tensor, slot: Tensor) -> CSRGraph:

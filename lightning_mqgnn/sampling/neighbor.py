@@ -73,6 +73,29 @@ def distinct_offsets(deg: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return draws[take].view(-1, k), ok
 
 
+def sampled_block(
+    num_src: int, counts: Tensor, local: Tensor, weights: Tensor, self_weights: Tensor | None = None
+) -> Block:
+    """A node-wise layer's block: row v holds its ``counts[v]`` sampled edges (source-local ids
+    ``local``, grouped by row), preceded by its self loop when ``self_weights`` is given (GCN's
+    exact diagonal 1/d̂_v, eq. 2). Destinations are the first ``len(counts)`` sources."""
+    num_dst = counts.numel()
+    row_len = counts if self_weights is None else counts + 1
+    indptr = torch.zeros(num_dst + 1, dtype=torch.int64)
+    torch.cumsum(row_len, 0, out=indptr[1:])
+    if self_weights is None:
+        indices, w = local, weights
+    else:
+        nbr_pos = torch.repeat_interleave(indptr[:-1] + 1, counts) + segment_arange(counts)
+        indices = torch.empty(int(indptr[-1]), dtype=torch.int64)
+        w = torch.empty(int(indptr[-1]), dtype=torch.float64)
+        indices[indptr[:-1]] = torch.arange(num_dst)
+        w[indptr[:-1]] = self_weights.to(torch.float64)
+        indices[nbr_pos] = local
+        w[nbr_pos] = weights
+    return Block(num_dst, num_src, indptr, indices, w.to(torch.float32), dst_in_src=True)
+
+
 class NeighborSampler:
     """Uniform node-wise sampler with per-layer fan-outs (paper: 5 per layer).
 
@@ -115,32 +138,9 @@ class NeighborSampler:
         deg = (g.indptr[dst + 1] - g.indptr[dst]).to(torch.float64)
         scale = deg[rows] / counts[rows].to(torch.float64)  # deg_v / s_v (HT factor, eq. 3)
         if self.aggregation == "mean":
-            w = 1.0 / counts[rows].to(torch.float64)
-            indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
-            torch.cumsum(counts, 0, out=indptr[1:])
-            indices = local
-        else:
-            norm = self._norm
-            w = scale * norm[dst][rows] * norm[nbrs]
-            # prepend each row's self loop (exact weight 1/d̂_v)
-            counts1 = counts + 1
-            indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
-            torch.cumsum(counts1, 0, out=indptr[1:])
-            self_pos = indptr[:-1]
-            nbr_pos = torch.repeat_interleave(indptr[:-1] + 1, counts) + segment_arange(counts)
-            indices = torch.empty(int(indptr[-1]), dtype=torch.int64)
-            weights = torch.empty(int(indptr[-1]), dtype=torch.float64)
-            indices[self_pos] = torch.arange(dst.numel())
-            weights[self_pos] = norm[dst] ** 2
-            indices[nbr_pos] = local
-            weights[nbr_pos] = w
-            w = weights
-        block = Block(
-            num_dst=dst.numel(),
-            num_src=src_nodes.numel(),
-            indptr=indptr,
-            indices=indices,
-            weights=w.to(torch.float32),
-            dst_in_src=True,
-        )
-        return block, src_nodes
+            return sampled_block(
+                src_nodes.numel(), counts, local, 1.0 / counts[rows].to(torch.float64)
+            ), src_nodes
+        norm = self._norm
+        w = scale * norm[dst][rows] * norm[nbrs]
+        return sampled_block(src_nodes.numel(), counts, local, w, self_weights=norm[dst] ** 2), src_nodes
