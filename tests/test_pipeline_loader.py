@@ -154,3 +154,18 @@ def test_gns_cache_and_sampler_train_identically_in_both_modes(ds):
         assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])  # same nodes, same merged features
     assert sum(r[4].get("cache_hits", 0) for r in rows_b) > 0
     assert torch.equal(params_a, params_b)
+
+
+def test_training_threads_leave_the_workers_their_cores(monkeypatch):
+    from lightning_mqgnn.pipeline import workers
+
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(8)))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        # 8 cores, 2 ranks on the node -> 4 per rank; 1 worker x 2 threads leaves 2
+        assert workers.limit_training_threads(2, num_workers=1, worker_threads=2) == 2
+        assert workers.limit_training_threads(1, num_workers=1, worker_threads=1) == 2  # never raised
+        assert workers.limit_training_threads(1, num_workers=8, worker_threads=1) == 1  # at least one
+    finally:
+        torch.set_num_threads(before)
