@@ -6,6 +6,7 @@ batch time and the training time. Bad input ends with one ``error:`` line and ex
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 from pathlib import Path
@@ -61,7 +62,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     pl.seed_everything(cfg.seed, workers=True)
     dataset = instantiate(cfg.data)
     print(dataset.summary(), flush=True)
-    sampler = instantiate(cfg.model.sampler)(graph=dataset.graph)
+    sampler = build_sampler(instantiate(cfg.model.sampler), dataset)
     module = instantiate(cfg.model.module)(
         in_dim=dataset.num_features,
         num_classes=dataset.num_classes,
@@ -77,7 +78,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
         raise RecipeError(
             f"model {cfg.model.name!r}: sampler has {sampler.num_layers} layers, model {len(module.layers)}"
         )
-    datamodule = instantiate(cfg.loader)(dataset=dataset, sampler=sampler)
+    # a sampler with a feature cache (GNS) shares it with the DataModule, which keeps it on the device
+    datamodule = instantiate(cfg.loader)(
+        dataset=dataset, sampler=sampler, feature_cache=getattr(sampler, "cache", None)
+    )
 
     timer = BatchTimer()
     checkpoint = ModelCheckpoint(monitor="val/metric", mode="max", save_top_k=1, filename="best")
@@ -113,6 +117,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
             flush=True,
         )
     return result
+
+
+def build_sampler(factory, dataset):
+    """Call a sampler config's partial with the graph, and the training split when it asks for
+    one (GNS draws its cache from it)."""
+    if "train_idx" in inspect.signature(factory.func).parameters:
+        return factory(graph=dataset.graph, train_idx=dataset.train_idx)
+    return factory(graph=dataset.graph)
 
 
 def strategy_callbacks(strategy) -> list[pl.Callback]:

@@ -88,3 +88,13 @@ def test_malformed_npz_is_one_error_line(tmp_path, override, fragments):
 def test_missing_ogb_root_is_one_error_line(tmp_path):
     proc = run_recipe(tmp_path, "data=arxiv", f"paths.ogb_root={tmp_path / 'nowhere'}")
     assert_one_error_line(proc, "nowhere")
+
+
+def test_gns_model_trains_through_the_pipeline(tmp_path):
+    """The sampler's GNS cache reaches the pipelined DataModule, which keeps it on the device."""
+    overrides = ["model=sage_gns", "model.sampler.fraction=0.1", "loader=pipeline", "data.scale=0.02"]
+    proc = run_recipe(tmp_path, *overrides, "trainer.max_epochs=4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = result_fields(proc.stdout)
+    assert result["model"] == "sage_gns"
+    assert float(result["test"]) > 0.2  # 40 classes: chance is 0.025

@@ -296,3 +296,18 @@ class HitCounter:
 
     def reset(self) -> None:
         self.hits = self.rows = 0
+
+
+def gns_sampler(
+    graph: CSRGraph,
+    train_idx: Tensor,
+    fanouts: Sequence[int],
+    aggregation: str = "mean",
+    fraction: float = 0.01,
+    period: int = 1,
+    seed: int = 0,
+) -> GNSSampler:
+    """A ``GNSSampler`` with its own cache over ``graph``'s training split, for configs: the
+    recipe hands ``sampler.cache`` to the DataModule, which refreshes it and keeps it resident."""
+    cache = GNSCache(graph, train_idx, fraction=fraction, period=period, fanouts=tuple(fanouts), seed=seed)
+    return GNSSampler(graph, fanouts, cache, aggregation=aggregation)

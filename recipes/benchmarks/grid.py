@@ -35,7 +35,7 @@ TWO_RANKS = ["trainer.accelerator=cpu", "trainer.devices=2", "loader=pipeline"]
 CONFIG_OVERRIDES = {
     "sequential": ["loader=sequential"],
     "pipeline": ["loader=pipeline"],
-    "pipeline_gns": ["loader=pipeline_gns"],
+    "pipeline_gns": ["loader=pipeline"],  # with model=<model>_gns
     "ddp": [*TWO_RANKS, "strategy=ddp"],
     "mqgnn": [*TWO_RANKS, "strategy=mqgnn"],
 }
@@ -73,7 +73,7 @@ def monitored(
 
 def run_ours(config: str, model: str, dataset: str, seed: int, args) -> dict:
     overrides = [
-        f"model={model}",
+        f"model={model}_gns" if config == "pipeline_gns" else f"model={model}",
         f"data={dataset}",
         f"seed={seed}",
         *CONFIG_OVERRIDES[config],
