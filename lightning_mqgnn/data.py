@@ -13,7 +13,7 @@ from lightning_mqgnn.models.inference import FullGraphLoader
 from lightning_mqgnn.pipeline.loader import FeatureCache, PipelinedLoader
 from lightning_mqgnn.pipeline.produce import produce_batch
 from lightning_mqgnn.pipeline.schedule import batch_rng_seed, epoch_batches, num_batches
-from lightning_mqgnn.pipeline.workers import START_METHODS, default_num_workers, limit_training_threads
+from lightning_mqgnn.pipeline.workers import START_METHODS, default_num_workers
 from lightning_mqgnn.sampling.base import Sampler
 from lightning_mqgnn.sampling.batch import MiniBatch
 
@@ -128,11 +128,9 @@ class MQGNNDataModule(pl.LightningDataModule):
         if self.mode == "sequential":
             return SequentialLoader(self)
         if self.pipeline_loader is None:
-            num_workers = self.num_workers or default_num_workers(self.ranks_on_node())
-            limit_training_threads(self.ranks_on_node(), num_workers, self.worker_threads)
             self.pipeline_loader = PipelinedLoader(
                 self,
-                num_workers=num_workers,
+                num_workers=self.num_workers or default_num_workers(self.ranks_on_node()),
                 queue_size=self.queue_size,
                 cpu_queue_size=self.cpu_queue_size,
                 start_method=self.start_method,

@@ -169,3 +169,21 @@ def test_training_threads_leave_the_workers_their_cores(monkeypatch):
         assert workers.limit_training_threads(1, num_workers=8, worker_threads=1) == 1  # at least one
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_epoch_trains_on_the_free_cores_and_gives_the_threads_back(ds, monkeypatch):
+    from lightning_mqgnn.pipeline import workers
+
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(8)))
+    before = torch.get_num_threads()
+    dm = MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [3]), batch_size=256, mode="pipeline", num_workers=2, worker_threads=3
+    )
+    try:
+        torch.set_num_threads(4)
+        seen = {torch.get_num_threads() for _ in dm.train_dataloader()}
+        assert seen == {2}  # 8 cores - 2 workers x 3 threads
+        assert torch.get_num_threads() == 4  # validation after the epoch gets them back
+    finally:
+        dm.shutdown_pipeline()
+        torch.set_num_threads(before)

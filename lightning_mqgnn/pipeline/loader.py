@@ -24,7 +24,7 @@ from lightning_mqgnn.pipeline.device_queue import DeviceQueue
 from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize, QueueSizeEstimate
 from lightning_mqgnn.pipeline.schedule import batch_rng_seed
 from lightning_mqgnn.pipeline.transfer import DeviceMover, batch_nbytes
-from lightning_mqgnn.pipeline.workers import SamplerWorkerPool, WorkerError
+from lightning_mqgnn.pipeline.workers import SamplerWorkerPool, WorkerError, limit_training_threads
 from lightning_mqgnn.sampling.batch import MiniBatch
 
 if TYPE_CHECKING:
@@ -170,9 +170,15 @@ class _EpochRun:
         self.done = False
         self._last_return: float | None = None
         self._thread: threading.Thread | None = None
+        self._threads_before: int | None = None
 
     def _start(self) -> None:
         self.epoch, self.batches = self.loader._begin_epoch()
+        # while the workers run, train on the cores they leave free; validation and test after
+        # the epoch get every thread back
+        self._threads_before = torch.get_num_threads()
+        loader = self.loader
+        limit_training_threads(loader.dm.ranks_on_node(), loader.num_workers, loader.worker_threads)
         self._thread = threading.Thread(target=self._produce, name="mqgnn-transfer", daemon=True)
         self._thread.start()
 
@@ -247,6 +253,7 @@ class _EpochRun:
         kind, payload = entry
         if kind == "end":
             self.done = True
+            self._restore_threads()
             raise StopIteration
         if kind == "error":
             self.done = True
@@ -272,9 +279,15 @@ class _EpochRun:
         self._last_return = time.perf_counter()
         return batch
 
+    def _restore_threads(self) -> None:
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
+
     def stop(self) -> None:
         self.stop_event.set()
         self.done = True
+        self._restore_threads()
         thread = self._thread
         if thread is not None and thread.is_alive() and threading.current_thread() is not thread:
             thread.join(5.0)
