@@ -65,9 +65,7 @@ class PipelinedLoader:
         memory_margin: float = 0.1,
         device: torch.device | str | None = None,
     ):
-        if queue_size != "auto" and (not isinstance(queue_size, int) or queue_size < 1):
-            raise ValueError(f"queue_size must be a positive int or 'auto', got {queue_size!r}")
-        self.dm = datamodule
+        self.dm = datamodule  # arguments were checked by MQGNNDataModule, which builds this loader
         self.num_workers = num_workers
         self.fixed_q = None if queue_size == "auto" else int(queue_size)
         self.cpu_capacity = max(1, cpu_queue_size if cpu_queue_size is not None else 2 * num_workers)
