@@ -98,3 +98,7 @@ def test_gns_model_trains_through_the_pipeline(tmp_path):
     result = result_fields(proc.stdout)
     assert result["model"] == "sage_gns"
     assert float(result["test"]) > 0.2  # 40 classes: chance is 0.025
+    rates = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if "cache hit rate" in line]
+    assert len(rates) == 1, proc.stdout[-2000:]
+    per_epoch = [float(r) for r in rates[0].split(":")[1].split(",")]
+    assert len(per_epoch) == 4 and all(0.0 < r < 1.0 for r in per_epoch)

@@ -19,5 +19,6 @@ def gather(batch: MiniBatch, features: Tensor, labels: Tensor, cache_slot: Tenso
         return batch
     slots = cache_slot.index_select(0, batch.input_nodes)
     batch.cache_slots = slots
+    batch.meta["cache_hits"] = int((slots >= 0).sum())  # for the per-epoch hit rate
     batch.features = features.index_select(0, batch.input_nodes[slots < 0])
     return batch

@@ -36,6 +36,8 @@ class StageTimingCallback(pl.Callback):
         self.cuda_sync = cuda_sync
         self.records: dict[str, list[float]] = defaultdict(list)
         self.epoch_times: list[float] = []
+        self.cache_hit_rates: list[float] = []  # per epoch, when a feature cache (GNS) serves rows
+        self._hits = self._rows = 0
         self.summary: dict[str, float] = {}
         self._marks: dict[str, float] = {}
         self._last_end: float | None = None
@@ -49,6 +51,7 @@ class StageTimingCallback(pl.Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         self.records.clear()
         self.epoch_times.clear()
+        self.cache_hit_rates.clear()
         self.summary = {}
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
@@ -80,6 +83,9 @@ class StageTimingCallback(pl.Callback):
             row["batch_s"] = end - self._last_end
         self._last_end = end
         meta = getattr(batch, "meta", {}) or {}
+        if "cache_hits" in meta:
+            self._hits += int(meta["cache_hits"])
+            self._rows += int(batch.input_nodes.numel())
         for key in META_STAGES + META_GAUGES:
             if key in meta:
                 row[key] = float(meta[key])
@@ -92,6 +98,11 @@ class StageTimingCallback(pl.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self.epoch_times.append(self._now(pl_module) - self._epoch_start)
+        if self._rows:
+            rate = self._hits / self._rows
+            self.cache_hit_rates.append(rate)
+            pl_module.log("stage/cache_hit_rate", rate, on_epoch=True, batch_size=1)
+            self._hits = self._rows = 0
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self.summary = self.summarize()
@@ -100,6 +111,11 @@ class StageTimingCallback(pl.Callback):
         if history:
             last = history[-1]
             self.summary.update(queue_size=last.q, queue_size_estimates=len(history))
+        if self.cache_hit_rates:
+            self.summary["cache_hit_rate"] = self.cache_hit_rates[-1]
+            rank_zero_info(
+                "feature cache hit rate per epoch: " + ", ".join(f"{r:.3f}" for r in self.cache_hit_rates)
+            )
         if trainer.logger is not None:
             trainer.logger.log_metrics({f"stage_summary/{k}": v for k, v in self.summary.items()})
         rank_zero_info(

@@ -44,8 +44,6 @@ class DeviceMover:
 
     def to_device(self, batch: MiniBatch) -> tuple[MiniBatch, torch.cuda.Event | None]:
         """Start the copy; returns the device batch and the event that marks its completion."""
-        if batch.cache_slots is not None:  # rows served by the device cache: not transferred
-            batch.meta["cache_hits"] = int((batch.cache_slots >= 0).sum())
         if not self.cuda:
             out = batch.to(self.device)
             self._merge_cache(out)
