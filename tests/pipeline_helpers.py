@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+import lightning.pytorch as pl
 import psutil
 import torch
 
@@ -82,3 +83,19 @@ def seeded_module(ds, seed: int = 0, hidden: int = 16):
 
     torch.manual_seed(seed)
     return NodeClassifier(ds.num_features, ds.num_classes, conv="sage", hidden=hidden, dropout=0.2)
+
+
+def make_trainer(callbacks=(), **kw):
+    """A quiet one-device CPU Trainer without validation; ``kw`` overrides."""
+    opts = dict(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    opts.update(kw)
+    return pl.Trainer(callbacks=list(callbacks), **opts)

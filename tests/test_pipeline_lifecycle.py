@@ -16,6 +16,7 @@ from pipeline_helpers import (
     FailInWorkerSampler,
     assert_gone,
     live_children,
+    make_trainer,
     seeded_module,
     small_dataset,
 )
@@ -28,21 +29,6 @@ from lightning_mqgnn.sampling.neighbor import NeighborSampler
 @pytest.fixture(scope="module")
 def ds():
     return small_dataset()
-
-
-def make_trainer(callbacks=(), **kw):
-    opts = dict(
-        max_epochs=1,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    )
-    opts.update(kw)
-    return pl.Trainer(callbacks=list(callbacks), **opts)
 
 
 def pipeline_dm(ds, sampler=None, **kw):

@@ -4,7 +4,7 @@ device feature cache."""
 import lightning.pytorch as pl
 import pytest
 import torch
-from pipeline_helpers import SlowSampler, live_children, seeded_module, small_dataset
+from pipeline_helpers import SlowSampler, live_children, make_trainer, seeded_module, small_dataset
 
 from lightning_mqgnn.data import MQGNNDataModule, SequentialLoader
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
@@ -99,16 +99,7 @@ def test_feature_cache_is_refreshed_each_epoch_and_merged_before_the_model(ds, m
         ds, NeighborSampler(ds.graph, [5, 5]), batch_size=256, mode=mode, num_workers=1, feature_cache=cache
     )
     cap = Capture()
-    trainer = pl.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[cap],
-    )
+    trainer = make_trainer([cap], max_epochs=2)
     trainer.fit(seeded_module(ds), dm)
     assert cache.refreshed == [0, 1]
     for epoch, nodes, feats, slots, meta in cap.rows:
@@ -135,16 +126,7 @@ def test_gns_cache_and_sampler_train_identically_in_both_modes(ds):
             feature_cache=cache,
         )
         cap = Capture()
-        trainer = pl.Trainer(
-            max_epochs=2,
-            accelerator="cpu",
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            callbacks=[cap],
-        )
+        trainer = make_trainer([cap], max_epochs=2)
         model = seeded_module(ds, seed=3)
         trainer.fit(model, dm)
         out[mode] = (cap.rows, torch.cat([p.detach().flatten() for p in model.parameters()]))
