@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lightning_mqgnn.callbacks import BatchEarlyStopping, BatchTimer
+from lightning_mqgnn.callbacks import BatchEarlyStopping, BatchTimer, GPUBusyMonitor
 from lightning_mqgnn.pipeline.stage_timing import StageTimingCallback
 from lightning_mqgnn.strategy import CommStatsMonitor, MQGNNStrategy  # also registers "mqgnn"
 
@@ -84,6 +84,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     )
 
     timer = BatchTimer()
+    gpu_busy = GPUBusyMonitor()
     checkpoint = ModelCheckpoint(monitor="val/metric", mode="max", save_top_k=1, filename="best")
     stopper = BatchEarlyStopping(**cfg.early_stopping)
     # a strategy config is either a Lightning registry name ({name: ddp}) or a _target_ to build
@@ -94,6 +95,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         cfg.trainer,
         callbacks=[
             timer,
+            gpu_busy,
             checkpoint,
             stopper,
             StageTimingCallback(log_every_n_steps=50),
@@ -103,17 +105,25 @@ def train(cfg: DictConfig) -> dict[str, float]:
         **validation_schedule(cfg.val_every_batches, batches, int(cfg.trainer.get("max_epochs") or -1)),
     )
     trainer.fit(module, datamodule=datamodule)
-    result = {"val": float(checkpoint.best_model_score or float("nan"))}
+    if checkpoint.best_model_path:
+        result, best = {"val": float(checkpoint.best_model_score)}, "best"
+    else:  # training ended (max_steps, max_time) before the first validation: score the last weights
+        validated = trainer.validate(module, datamodule=datamodule, verbose=False)
+        result, best = {"val": float(validated[0]["val/metric"])}, None
     if cfg.test:
-        tested = trainer.test(module, datamodule=datamodule, ckpt_path="best", verbose=False)
+        tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)
         result["test"] = float(tested[0]["test/metric"])
     result.update(timer.summary())
+    busy = ""
+    if gpu_busy.busy_fraction is not None:
+        result["gpu_busy"] = gpu_busy.busy_fraction
+        busy = f" gpu_busy={gpu_busy.busy_fraction:.3f}"
     if trainer.global_rank == 0:
         print(
             f"RESULT model={cfg.model.name} data={dataset.name} val={result['val']:.4f} "
             f"test={result.get('test', float('nan')):.4f} epochs={trainer.current_epoch} "
             f"batches={result['batches']} batch_time_ms={result['batch_time_ms']:.2f} "
-            f"batch_time_std_ms={result['batch_time_std_ms']:.2f} train_time_s={result['train_time_s']:.2f}",
+            f"batch_time_std_ms={result['batch_time_std_ms']:.2f} train_time_s={result['train_time_s']:.2f}{busy}",
             flush=True,
         )
     return result

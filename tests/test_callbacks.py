@@ -1,10 +1,10 @@
-"""The paper's batch-level early stopping and trimmed batch time."""
+"""The paper's batch-level early stopping, trimmed batch time, and the GPU busy monitor."""
 
 from types import SimpleNamespace
 
 import torch
 
-from lightning_mqgnn.callbacks import BatchEarlyStopping, trimmed_mean
+from lightning_mqgnn.callbacks import BatchEarlyStopping, GPUBusyMonitor, trimmed_mean
 
 
 def test_trimmed_mean_drops_first_and_last_twenty():
@@ -36,3 +36,13 @@ def test_real_gains_reset_the_patience():
     cb = BatchEarlyStopping(min_delta=0.01, patience_batches=200)
     history = [(s, 0.1 + 0.02 * i) for i, s in enumerate(range(50, 1000, 50))]
     assert run_validations(cb, history) is None
+
+
+def test_gpu_busy_monitor_reports_nothing_for_a_cpu_run():
+    """On CPU there is no GPU to measure: no thread, no samples, None rather than a made-up 0."""
+    monitor = GPUBusyMonitor()
+    module = SimpleNamespace(device=torch.device("cpu"))
+    monitor.on_fit_start(None, module)
+    monitor.on_train_epoch_start(None, module)
+    monitor.on_fit_end(None, module)
+    assert monitor._thread is None and monitor.busy_fraction is None

@@ -3,10 +3,13 @@ record_stream, device-side cache merge, and eq. 25 from torch.cuda.mem_get_info.
 
 import pytest
 import torch
-from pipeline_helpers import small_dataset
+from pipeline_helpers import make_trainer, small_dataset
 
+from lightning_mqgnn.callbacks import GPUBusyMonitor
 from lightning_mqgnn.data import MQGNNDataModule, SequentialLoader
+from lightning_mqgnn.models import NodeClassifier
 from lightning_mqgnn.pipeline.queue_size import device_memory
+from lightning_mqgnn.pipeline.stage_timing import StageTimingCallback
 from lightning_mqgnn.pipeline.transfer import DeviceMover
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
@@ -55,3 +58,20 @@ def test_memory_cap_inputs_come_from_the_device():
     available, peak = device_memory(torch.device("cuda"), 0.1)
     free, total = torch.cuda.mem_get_info()
     assert free <= available <= total and peak >= 0
+
+
+def test_pipelined_fit_on_cuda_trains_and_reports_gpu_busy_time(ds):
+    """A whole Lightning fit on the GPU through the pipeline (workers, side stream, queue): the stage timing and the
+    GPU busy monitor both measure the run."""
+    dm = MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64, seed=1, mode="pipeline", num_workers=2
+    )
+    model = NodeClassifier(ds.num_features, ds.num_classes, conv="sage", hidden=64, lr=1e-2)
+    busy, timing = GPUBusyMonitor(interval=0.01), StageTimingCallback(trim=0)
+    trainer = make_trainer([busy, timing], accelerator="gpu", max_epochs=3)
+    trainer.fit(model, dm)
+    assert timing.summary["num_batches"] == 3 * dm.num_train_batches()
+    assert busy.samples and 0.0 <= busy.busy_fraction <= 1.0
+    assert (
+        dm.pipeline_loader is None or dm.pipeline_loader.pool is None or not dm.pipeline_loader.pool.running
+    )

@@ -42,6 +42,15 @@ def test_default_recipe_trains_on_the_generated_graph(tmp_path):
     assert int(result["batches"]) > 0
 
 
+def test_run_shorter_than_the_validation_interval_scores_its_last_weights(tmp_path):
+    """max_steps below val_every_batches: no checkpoint was saved, yet the run reports val and test."""
+    proc = run_recipe(tmp_path, "data.scale=0.02", "trainer.max_epochs=-1", "trainer.max_steps=5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = result_fields(proc.stdout)
+    assert int(result["batches"]) == 5
+    assert 0.0 <= float(result["val"]) <= 1.0 and 0.0 <= float(result["test"]) <= 1.0
+
+
 def test_unknown_config_name_is_one_error_line(tmp_path):
     proc = run_recipe(tmp_path, "model=nonexistent_model")
     line = assert_one_error_line(proc, "model", "nonexistent_model")

@@ -42,10 +42,32 @@ CONFIG_OVERRIDES = {
 BASELINES = ("sequential", "dgl")
 
 
+class GPUProbe:
+    """NVML utilisation of GPU 0 (percent of the last sample period with a kernel running), read
+    without creating a CUDA context in this process; ``read()`` is None where there is no GPU."""
+
+    def __init__(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._nvml = pynvml
+        except Exception:  # no pynvml, no driver or no GPU: CPU-only timeline
+            self._handle = None
+
+    def read(self) -> float | None:
+        if self._handle is None:
+            return None
+        return self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu / 100.0
+
+
 def monitored(
     cmd: list[str], timeout: float, interval: float = 0.25
 ) -> tuple[subprocess.CompletedProcess, list]:
-    """Run ``cmd``, sampling the CPU use of it and its children (in cores) every ``interval`` s."""
+    """Run ``cmd``, sampling the CPU use of it and its children (in cores) and the GPU busy
+    fraction (None without a GPU) every ``interval`` s: timeline of (seconds, cores, gpu)."""
+    gpu = GPUProbe()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = psutil.Popen(cmd, stdout=out, stderr=err, text=True, cwd=REPO)
         timeline, start, seen = [], time.perf_counter(), {}
@@ -64,7 +86,7 @@ def monitored(
                         busy += seen[p.pid].cpu_percent(None) / 100.0
             except psutil.Error:
                 pass
-            timeline.append((round(time.perf_counter() - start, 2), round(busy, 3)))
+            timeline.append((round(time.perf_counter() - start, 2), round(busy, 3), gpu.read()))
             time.sleep(interval)
         out.seek(0)
         err.seek(0)
@@ -98,6 +120,7 @@ def run_ours(config: str, model: str, dataset: str, seed: int, args) -> dict:
         "train_time_s": float(fields["train_time_s"]),
         "epoch_time_s": float(fields["train_time_s"]) / epochs,
         "metric": float(fields["test"]),
+        "gpu_busy": float(fields["gpu_busy"]) if "gpu_busy" in fields else None,
         "timeline": timeline,
     }
 
@@ -128,6 +151,7 @@ def run_dgl(model: str, dataset: str, seed: int, args) -> dict:
         "train_time_s": result["train_time"],
         "epoch_time_s": result["train_time"] / len(result["epoch_times"]),
         "metric": result["test_metric"],
+        "gpu_busy": None,
         "timeline": timeline,
     }
 
@@ -139,16 +163,23 @@ def pm(values: list[float], digits: int) -> str:
     return f"{mean:.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
+def busy_cell(runs: list[dict]) -> str:
+    busy = [r["gpu_busy"] for r in runs if r.get("gpu_busy") is not None]
+    return f"{100 * statistics.mean(busy):.0f}%" if busy else "-"
+
+
 def summarise(runs: list[dict]) -> list[str]:
     """One table row per (dataset, model, config): means over seeds and speed-ups per epoch."""
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
         groups.setdefault((run["dataset"], run["model"], run["config"]), []).append(run)
     epoch = {key: statistics.mean(r["epoch_time_s"] for r in rs) for key, rs in groups.items()}
+    on_gpu = any(r.get("gpu_busy") is not None for r in runs)
     rows = [
         "| dataset | model | configuration | batch time ms (mean ± std) | train time s | epoch time s | "
-        "test metric (mean ± std) | speed-up vs sequential | speed-up vs DGL |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "test metric (mean ± std) | speed-up vs sequential | speed-up vs DGL |"
+        + (" GPU busy (training) |" if on_gpu else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if on_gpu else ""),
     ]
     for (dataset, model, config), rs in groups.items():
         speedups = []
@@ -161,6 +192,7 @@ def summarise(runs: list[dict]) -> list[str]:
             f"| {dataset} | {model} | {config} | {batch:.2f} ± {batch_std:.2f} | "
             f"{pm([r['train_time_s'] for r in rs], 2)} | {epoch[(dataset, model, config)]:.3f} | "
             f"{pm([r['metric'] for r in rs], 4)} | {speedups[0]} | {speedups[1]} |"
+            + (f" {busy_cell(rs)} |" if on_gpu else "")
         )
     return rows
 
@@ -197,18 +229,29 @@ def plot(runs: list[dict], out: Path) -> None:
     fig.savefig(out / "speedup.png", dpi=120)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(8, 3.5))
     first = runs[0]
-    for run in runs:
-        if (run["dataset"], run["model"], run["seed"]) == (first["dataset"], first["model"], first["seed"]):
-            ts = [t for t, _ in run["timeline"]]
-            busy = [100.0 * b / psutil.cpu_count() for _, b in run["timeline"]]
-            ax.plot(ts, busy, label=run["config"], lw=1)
-    ax.set_xlabel("seconds since launch")
-    ax.set_ylabel("CPU busy, % of all cores")
-    ax.set_title(f"utilisation: {first['dataset']}, {first['model']}, seed {first['seed']}")
-    ax.set_ylim(0, 105)
-    ax.legend()
+    shown = [
+        run
+        for run in runs
+        if (run["dataset"], run["model"], run["seed"]) == (first["dataset"], first["model"], first["seed"])
+    ]
+    with_gpu = any(g is not None for run in shown for *_, g in run["timeline"])
+    fig, axes = plt.subplots(2 if with_gpu else 1, 1, figsize=(8, 6 if with_gpu else 3.5), squeeze=False)
+    for run in shown:
+        ts = [t for t, *_ in run["timeline"]]
+        axes[0, 0].plot(
+            ts, [100.0 * c / psutil.cpu_count() for _, c, *_ in run["timeline"]], label=run["config"], lw=1
+        )
+        if with_gpu:
+            axes[1, 0].plot(ts, [100.0 * (g or 0.0) for *_, g in run["timeline"]], label=run["config"], lw=1)
+    axes[0, 0].set_ylabel("CPU busy, % of all cores")
+    axes[0, 0].set_title(f"utilisation: {first['dataset']}, {first['model']}, seed {first['seed']}")
+    if with_gpu:
+        axes[1, 0].set_ylabel("GPU busy, %")
+    for ax in axes[:, 0]:
+        ax.set_ylim(0, 105)
+        ax.set_xlabel("seconds since launch")
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out / "utilisation.png", dpi=120)
     plt.close(fig)
@@ -247,7 +290,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"{dataset:>18} {model:>10} {config:>13} seed {seed}: epoch "
                         f"{result['epoch_time_s']:.3f} s, batch {result['batch_time_ms']:.1f} ms, "
-                        f"test {result['metric']:.4f}",
+                        f"test {result['metric']:.4f}"
+                        + (
+                            f", GPU busy {100 * result['gpu_busy']:.0f}%"
+                            if result.get("gpu_busy") is not None
+                            else ""
+                        ),
                         flush=True,
                     )
     (args.out / "grid.json").write_text(json.dumps(runs))
