@@ -54,6 +54,42 @@ def test_pipeline_yields_the_sequential_batches_in_order(ds):
     assert live_children() - before == set()
 
 
+def test_reused_slots_never_overwrite_a_batch_still_held(ds):
+    """Workers gather into lent shared-memory slots; a slot is lent again only once no tensor of
+    its batch is alive. Holding every batch of two epochs (far more than the slots) must keep
+    each one intact, and dropping them must return every slot."""
+    seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64, seed=5)
+    pipe = MQGNNDataModule(
+        ds,
+        NeighborSampler(ds.graph, [5, 5]),
+        batch_size=64,
+        seed=5,
+        mode="pipeline",
+        num_workers=2,
+        cpu_queue_size=2,
+        queue_size=1,
+    )
+    loader = pipe.train_dataloader()
+    try:
+        held = list(loader)
+        arena = loader.pool.arena
+        in_slots = arena.max_slots - arena.num_free
+        streamed = sum(int(b.features.sum() != 0) for b in loader)  # dropped as soon as read
+        free_while_holding = arena.num_free
+        expected = list(SequentialLoader(seq))
+        for a, b in zip(expected, held, strict=True):
+            assert torch.equal(a.features, b.features) and torch.equal(a.input_nodes, b.input_nodes)
+            assert torch.equal(a.blocks[0].indices, b.blocks[0].indices)
+        del held, b
+        free_after = arena.num_free
+    finally:
+        pipe.shutdown_pipeline()
+    assert len(expected) > 3 * arena.max_slots // 2 and streamed == len(expected)
+    assert in_slots >= 1  # some batches really travelled in slots while others were held
+    assert free_while_holding == arena.max_slots - in_slots  # streaming reused the freed slots only
+    assert free_after == arena.max_slots
+
+
 def test_bad_loader_arguments_name_the_field(ds):
     s = NeighborSampler(ds.graph, [5])
     with pytest.raises(ValueError, match="mode"):

@@ -7,18 +7,22 @@ from torch import Tensor
 from lightning_mqgnn.sampling.batch import MiniBatch
 
 
-def gather(batch: MiniBatch, features: Tensor, labels: Tensor, cache_slot: Tensor | None = None) -> MiniBatch:
-    """Fill ``batch.features`` and ``batch.labels``.
+def feature_rows(batch: MiniBatch, cache_slot: Tensor | None = None) -> Tensor:
+    """Node ids whose feature rows must come from host memory.
 
-    With a device feature cache (``cache_slot[v]`` = cache row of node v, or -1), only uncached
-    rows are gathered on the host; ``cache_slots`` tells the device stage where the rest live.
+    With a device feature cache (``cache_slot[v]`` = cache row of node v, or -1) only the
+    uncached input nodes; ``batch.cache_slots`` then tells the device stage where the rest live.
     """
-    batch.labels = labels.index_select(0, batch.output_nodes)
     if cache_slot is None:
-        batch.features = features.index_select(0, batch.input_nodes)
-        return batch
+        return batch.input_nodes
     slots = cache_slot.index_select(0, batch.input_nodes)
     batch.cache_slots = slots
     batch.meta["cache_hits"] = int((slots >= 0).sum())  # for the per-epoch hit rate
-    batch.features = features.index_select(0, batch.input_nodes[slots < 0])
+    return batch.input_nodes[slots < 0]
+
+
+def gather(batch: MiniBatch, features: Tensor, labels: Tensor, cache_slot: Tensor | None = None) -> MiniBatch:
+    """Fill ``batch.features`` (the rows of ``feature_rows``) and ``batch.labels``."""
+    batch.labels = labels.index_select(0, batch.output_nodes)
+    batch.features = features.index_select(0, feature_rows(batch, cache_slot))
     return batch

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from lightning_mqgnn.data import MQGNNDataModule
 
 _POLL_S = 0.1
+SLOTS_FOR_AUTO_Q = 8  # adaptive Q beyond this uses fresh segments for the surplus batches
 
 
 @runtime_checkable
@@ -112,7 +113,11 @@ class PipelinedLoader:
                 cache_slot=cache.slot if cache is not None else None,
                 start_method=self.start_method,
                 worker_threads=self.worker_threads,
+                # batches alive at once: CPU queue, device queue, and a few held by the trainer
+                max_slots=self.cpu_capacity + (self.fixed_q or SLOTS_FOR_AUTO_Q) + 4,
             )
+            if self.pool.start_method != "fork":
+                ds.share_memory_()  # once: spawned workers then map the graph instead of unpickling copies
             self.pool.start()
         return self.pool
 

@@ -12,6 +12,20 @@ from lightning_mqgnn.sampling.base import Sampler
 from lightning_mqgnn.sampling.batch import MiniBatch
 
 
+def sample_batch(sampler: Sampler, seeds: Tensor, rng_seed: int, index: int) -> MiniBatch:
+    """Sample ``seeds`` with torch's global generator seeded to ``rng_seed``.
+
+    Reseeds the global generator of the calling process: callers that also train in this
+    process wrap it in ``torch.random.fork_rng`` so the model's own random stream is untouched.
+    The time goes to ``batch.meta["sample_s"]``.
+    """
+    torch.manual_seed(rng_seed)
+    t0 = time.perf_counter()
+    batch = sampler.sample(seeds)
+    batch.meta.update(index=index, sample_s=time.perf_counter() - t0)
+    return batch
+
+
 def produce_batch(
     sampler: Sampler,
     seeds: Tensor,
@@ -21,16 +35,9 @@ def produce_batch(
     index: int,
     cache_slot: Tensor | None = None,
 ) -> MiniBatch:
-    """Sample ``seeds`` with torch's global generator seeded to ``rng_seed``, then gather.
-
-    Reseeds the global generator of the calling process: callers that also train in this
-    process wrap it in ``torch.random.fork_rng`` so the model's own random stream is untouched.
-    Stage times go to ``batch.meta`` (``sample_s``, ``gather_s``).
-    """
-    torch.manual_seed(rng_seed)
+    """``sample_batch`` then ``gather`` (time in ``batch.meta["gather_s"]``)."""
+    batch = sample_batch(sampler, seeds, rng_seed, index)
     t0 = time.perf_counter()
-    batch = sampler.sample(seeds)
-    t1 = time.perf_counter()
     gather(batch, features, labels, cache_slot)
-    batch.meta.update(index=index, sample_s=t1 - t0, gather_s=time.perf_counter() - t1)
+    batch.meta["gather_s"] = time.perf_counter() - t0
     return batch
