@@ -123,6 +123,45 @@ def test_cached_input_layer_aggregation_is_unbiased(aggregation):
     assert ((est.mean(0) - truth).abs() <= 4.5 * se + 1e-5).all()
 
 
+@pytest.mark.parametrize("aggregation", ["gcn", "mean"])
+def test_hajek_weights_carry_each_rows_exact_mass(aggregation):
+    """The self-normalised (Hajek) estimator rescales a row's HT weights so they sum to the exact
+    Σ_u P_vu of that row: no 1/π spikes, at the price of a small bias (it is consistent, not
+    unbiased). Rows without a sampled cached neighbour stay empty."""
+    g = torch.Generator().manual_seed(11)
+    src, dst = torch.randint(0, 200, (900,), generator=g), torch.randint(0, 200, (900,), generator=g)
+    keep = src != dst  # no self edges: a destination's own source row is then only GCN's self loop
+    graph = CSRGraph.from_edges(src[keep], dst[keep], 200, symmetrize=True)
+    cache = GNSCache(graph, torch.arange(200), fraction=0.1, seed=4)
+    sampler = GNSSampler(graph, [3], cache, aggregation=aggregation, estimator="hajek")
+    ht = GNSSampler(graph, [3], cache, aggregation=aggregation)
+    seeds = torch.arange(0, 200, 3)
+    torch.manual_seed(1)
+    block = sampler.sample(seeds).blocks[0]
+    torch.manual_seed(1)
+    plain = ht.sample(seeds).blocks[0]
+    assert torch.equal(block.indices, plain.indices)  # same draw, other weights
+    counts = block.indptr[1:] - block.indptr[:-1]
+    rows = torch.repeat_interleave(torch.arange(seeds.numel()), counts)
+    got = torch.zeros(seeds.numel(), dtype=torch.float64).index_add_(0, rows, block.weights.double())
+    deg = graph.in_degrees().double()
+    if aggregation == "gcn":  # each gcn row starts with the exact self loop 1/d̂_v: not estimated
+        got -= 1.0 / (deg[seeds] + 1)
+        counts = counts - 1
+    mass = torch.zeros(seeds.numel(), dtype=torch.float64)
+    for i, v in enumerate(seeds.tolist()):  # Σ_u P_vu over v's neighbours, from the definitions
+        nbrs = graph.indices[graph.indptr[v] : graph.indptr[v + 1]]
+        if aggregation == "mean":
+            mass[i] = 1.0 if nbrs.numel() else 0.0
+        else:
+            mass[i] = ((deg[v] + 1) * (deg[nbrs] + 1)).rsqrt().sum()
+    has = counts > 0
+    assert has.sum() > 10 and (~has).sum() > 0
+    assert torch.allclose(got[has], mass[has], rtol=1e-5)
+    with pytest.raises(ValueError, match="estimator"):
+        GNSSampler(graph, [3], cache, estimator="clipped")
+
+
 def test_input_layer_reads_only_cached_neighbours_and_upper_layers_match_neighbor_sampler():
     graph = random_graph(300, 1500, 8)
     cache = GNSCache(graph, torch.arange(250), fraction=0.1, seed=3)

@@ -12,6 +12,9 @@ up to ``k`` of its *cached* neighbours uniformly (``q_v = sampled / cached``); n
 gets the Horvitz-Thompson weight ``P_vu / (π_u q_v)``. Over the cache draw and the sampling,
 ``E[Σ w_uv h_u] = Σ_u P_vu h_u``: the aggregation is unbiased (GNS's estimator; for a fixed cache it
 is not). So the input layer only reads cached features, plus the destinations' own rows.
+``estimator="hajek"`` rescales each row's HT weights to the row's exact mass ``Σ_u P_vu``
+(self-normalised: consistent, not unbiased): rarely cached nodes no longer arrive with 1/π_u
+weights in the hundreds, which on a generated products-like graph cost GCN half its accuracy.
 
 Pipeline API (the cache lives in shared memory; tensors never change shape):
 - build once in the main process: ``cache = GNSCache(graph, train_idx, fraction=0.01, period=1,
@@ -208,7 +211,10 @@ class GNSSampler:
         cache: GNSCache,
         aggregation: str = "mean",
         replace: bool = False,
+        estimator: str = "ht",
     ):
+        if estimator not in ("ht", "hajek"):
+            raise ValueError(f"GNS estimator must be 'ht' or 'hajek', got {estimator!r}")
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"unknown aggregation {aggregation!r}; expected one of {AGGREGATIONS}")
         fanouts = [int(f) for f in fanouts]
@@ -224,6 +230,9 @@ class GNSSampler:
         self._upper = NeighborSampler(graph, fanouts[1:], aggregation, replace) if len(fanouts) > 1 else None
         self._norm = gcn_norm(graph)
         self._relabel = Relabeler(graph.num_nodes)
+        self.estimator = estimator
+        if estimator == "hajek":
+            self._row_mass = row_mass(graph, aggregation, self._norm)
 
     def sample(self, seeds: Tensor) -> MiniBatch:
         seeds = seeds.to(torch.int64)
@@ -251,11 +260,28 @@ class GNSSampler:
         ht = 1.0 / (cache.inclusion[nbrs] * q[rows])  # Horvitz-Thompson factor
         src_nodes, local = self._relabel(dst, nbrs)
         if self.aggregation == "mean":
-            w = ht / deg[rows].to(torch.float64)  # estimates the neighbour mean of eq. 17
-            return sampled_block(src_nodes.numel(), counts, local, w), src_nodes
-        norm = self._norm
-        w = ht * norm[dst][rows] * norm[nbrs]  # estimates Σ_u P_vu h_u (eq. 2); the self loop is exact
-        return sampled_block(src_nodes.numel(), counts, local, w, self_weights=norm[dst] ** 2), src_nodes
+            p = 1.0 / deg[rows].to(torch.float64)  # P_vu of the neighbour mean (eq. 17)
+        else:
+            p = self._norm[dst][rows] * self._norm[nbrs]  # P_vu of eq. 2; the self loop stays exact
+        w = p * ht
+        if self.estimator == "hajek":
+            # rescale each row's weights to the row's exact mass Σ_u P_vu
+            total = torch.zeros(dst.numel(), dtype=torch.float64).index_add_(0, rows, w)
+            w = w * (self._row_mass[dst][rows] / total[rows])
+        self_weights = None if self.aggregation == "mean" else self._norm[dst] ** 2
+        return sampled_block(src_nodes.numel(), counts, local, w, self_weights=self_weights), src_nodes
+
+
+def row_mass(graph: CSRGraph, aggregation: str, norm: Tensor) -> Tensor:
+    """Σ_u P_vu over every in-neighbour u of each node v (self loop excluded): 1 for the mean of a
+    node with neighbours, ``norm_v Σ_u norm_u`` for GCN's L (eq. 2)."""
+    deg = graph.in_degrees()
+    if aggregation == "mean":
+        return (deg > 0).to(torch.float64)
+    sums = torch.zeros(graph.num_nodes, dtype=torch.float64).index_add_(
+        0, graph.row_ids(), norm[graph.indices]
+    )
+    return norm * sums
 
 
 def cached_edges(graph: CSRGraph, dst: Tensor, slot: Tensor) -> CSRGraph:
@@ -306,8 +332,9 @@ def gns_sampler(
     fraction: float = 0.01,
     period: int = 1,
     seed: int = 0,
+    estimator: str = "ht",
 ) -> GNSSampler:
     """A ``GNSSampler`` with its own cache over ``graph``'s training split, for configs: the
     recipe hands ``sampler.cache`` to the DataModule, which refreshes it and keeps it resident."""
     cache = GNSCache(graph, train_idx, fraction=fraction, period=period, fanouts=tuple(fanouts), seed=seed)
-    return GNSSampler(graph, fanouts, cache, aggregation=aggregation)
+    return GNSSampler(graph, fanouts, cache, aggregation=aggregation, estimator=estimator)
