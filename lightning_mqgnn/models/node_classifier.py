@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
+from lightning_mqgnn.models.dropout import Dropout
 from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference
 from lightning_mqgnn.models.layers import LAYERS
 from lightning_mqgnn.models.metrics import make_metric, metric_input, node_loss
@@ -43,7 +44,7 @@ class NodeClassifier(pl.LightningModule):
         self.save_hyperparameters()
         dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
         self.layers = nn.ModuleList(LAYERS[conv](a, b) for a, b in zip(dims[:-1], dims[1:]))
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.aggregation = AGGREGATION_OF_CONV[conv]
         self.val_metric = make_metric(metric, num_classes, multilabel)
         self.test_metric = make_metric(metric, num_classes, multilabel)
