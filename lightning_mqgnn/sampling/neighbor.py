@@ -21,36 +21,37 @@ def sample_neighbor_edges(
 ) -> tuple[Tensor, Tensor]:
     """Draw up to ``fanout`` in-edges per node. Returns ``(counts, edge_pos)``: edges drawn per
     node and their CSR positions, grouped by node in input order. ``fanout < 0`` takes all."""
-    starts = graph.indptr[nodes]
-    deg = graph.indptr[nodes + 1] - starts
+    starts = graph.indptr.index_select(0, nodes)
+    deg = graph.indptr.index_select(0, nodes + 1) - starts
     if fanout < 0:
         counts = deg
         return counts, torch.repeat_interleave(starts, counts) + segment_arange(counts)
     if replace:
         counts = torch.where(deg > 0, torch.full_like(deg, fanout), torch.zeros_like(deg))
         rows = torch.repeat_interleave(torch.arange(nodes.numel()), counts)
-        offset = (torch.rand(rows.numel(), dtype=torch.float64) * deg[rows]).long()
-        return counts, starts[rows] + offset
+        offset = (torch.rand(rows.numel(), dtype=torch.float64) * deg.index_select(0, rows)).long()
+        return counts, starts.index_select(0, rows) + offset
     counts = deg.clamp(max=fanout)
     out = torch.empty(int(counts.sum()), dtype=torch.int64)
     out_start = torch.cumsum(counts, 0) - counts
     # high-degree rows: k distinct offsets from 2k draws, touching O(k) not O(deg) per row
     wide = torch.nonzero(deg > 4 * fanout).squeeze(1)
-    offsets, ok = distinct_offsets(deg[wide], fanout)
+    offsets, ok = distinct_offsets(deg.index_select(0, wide), fanout)
     done = wide[ok]
-    slots = out_start[done].unsqueeze(1) + torch.arange(fanout)
-    out[slots.reshape(-1)] = (starts[done].unsqueeze(1) + offsets).reshape(-1)
+    slots = out_start.index_select(0, done).unsqueeze(1) + torch.arange(fanout)
+    out.index_copy_(0, slots.reshape(-1), (starts.index_select(0, done).unsqueeze(1) + offsets).reshape(-1))
     # the other rows: a uniform key per candidate edge, each row keeps its `fanout` smallest
     rest = torch.ones(nodes.numel(), dtype=torch.bool)
     rest[done] = False
     rest = torch.nonzero(rest).squeeze(1)
-    rdeg = deg[rest]
-    edge = torch.repeat_interleave(starts[rest], rdeg) + segment_arange(rdeg)
+    rdeg = deg.index_select(0, rest)
+    edge = torch.repeat_interleave(starts.index_select(0, rest), rdeg) + segment_arange(rdeg)
     seg = torch.repeat_interleave(torch.arange(rest.numel()), rdeg)
     order = torch.argsort(seg.to(torch.float64) + torch.rand(seg.numel(), dtype=torch.float64))
     keep = order[segment_arange(rdeg) < fanout]  # `order` stays grouped by row, in row order
-    rcounts = counts[rest]
-    out[torch.repeat_interleave(out_start[rest], rcounts) + segment_arange(rcounts)] = edge[keep]
+    rcounts = counts.index_select(0, rest)
+    at = torch.repeat_interleave(out_start.index_select(0, rest), rcounts) + segment_arange(rcounts)
+    out.index_copy_(0, at, edge.index_select(0, keep))
     return counts, out
 
 
@@ -132,15 +133,16 @@ class NeighborSampler:
     def _sample_layer(self, dst: Tensor, fanout: int) -> tuple[Block, Tensor]:
         g = self.graph
         counts, edge_pos = sample_neighbor_edges(g, dst, fanout, self.replace)
-        nbrs = g.indices[edge_pos]
+        nbrs = g.indices.index_select(0, edge_pos)
         src_nodes, local = self._relabel(dst, nbrs)
         rows = torch.repeat_interleave(torch.arange(dst.numel()), counts)
-        deg = (g.indptr[dst + 1] - g.indptr[dst]).to(torch.float64)
-        scale = deg[rows] / counts[rows].to(torch.float64)  # deg_v / s_v (HT factor, eq. 3)
+        row_counts = counts.index_select(0, rows).to(torch.float64)
         if self.aggregation == "mean":
-            return sampled_block(
-                src_nodes.numel(), counts, local, 1.0 / counts[rows].to(torch.float64)
-            ), src_nodes
+            return sampled_block(src_nodes.numel(), counts, local, 1.0 / row_counts), src_nodes
+        deg = (g.indptr.index_select(0, dst + 1) - g.indptr.index_select(0, dst)).to(torch.float64)
+        scale = deg.index_select(0, rows) / row_counts  # deg_v / s_v (HT factor, eq. 3)
         norm = self._norm
-        w = scale * norm[dst][rows] * norm[nbrs]
-        return sampled_block(src_nodes.numel(), counts, local, w, self_weights=norm[dst] ** 2), src_nodes
+        w = scale * norm.index_select(0, dst).index_select(0, rows) * norm.index_select(0, nbrs)
+        return sampled_block(
+            src_nodes.numel(), counts, local, w, self_weights=norm.index_select(0, dst) ** 2
+        ), src_nodes
