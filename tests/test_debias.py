@@ -129,3 +129,21 @@ def test_zero_probability_and_empty_cases():
     assert successive_sample(torch.zeros(4, dtype=torch.float64), 3).numel() == 0
     assert successive_sample(torch.tensor([0.0, 2.0, 0.0]), 3).tolist() == [1]
     assert debias_weights(torch.empty(0, dtype=torch.float64), 10).numel() == 0
+
+
+def test_guided_cdf_draws_are_exactly_the_inverse_cdf():
+    # guide table + window search == searchsorted(cdf, u, right=True), zero-p entries and the
+    # u == total rounding case included
+    from lightning_mqgnn.sampling.successive import GuidedCDF
+
+    g = torch.Generator().manual_seed(16)
+    for n in (1, 7, 300, 20_000):
+        p = torch.rand(n, generator=g, dtype=torch.float64) ** 8
+        p[torch.rand(n, generator=g) < 0.3] = 0.0
+        p[0] += 1e-3
+        cdf = torch.cumsum(p, 0)
+        last = int((p > 0).nonzero()[-1])
+        u = torch.rand(50_000, generator=g, dtype=torch.float64) * cdf[-1]
+        u[:2] = torch.tensor([0.0, float(cdf[-1])])
+        expect = torch.searchsorted(cdf, u, right=True).clamp_(max=last)
+        assert torch.equal(GuidedCDF(cdf, last).positions(u), expect)

@@ -208,3 +208,51 @@ def test_sampler_pickles_without_its_scratch_array():
     batch = clone.sample(torch.arange(5))
     assert batch.input_nodes.numel() == 16
     assert (sampler.scratch() == -1).all()  # scratch left clean after sampling
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["ladies_d", "ladies_fd"])
+def test_ladies_draws_from_entries_are_unbiased_and_match_the_column_law(flat):
+    # many rows against s (4 s <= entries): LADIES draws columns through entries drawn ∝ L_ij²
+    # (flat: ∝ L_ij² / sqrt(π_j)); the block still equals L[batch, S] · diag(w) with p of eq. 7/10
+    from lightning_mqgnn.sampling.debias import debias_weights
+    from lightning_mqgnn.sampling.layerwise import laplacian_rows
+
+    graph = random_graph(60, 150, 4)
+    lap = dense_laplacian(graph)
+    seeds = torch.arange(0, 60, 3)
+    sampler = LADIESSampler(graph, [6], flat=flat, debias=True)
+    lap_rows = laplacian_rows(graph, seeds, sampler._edge_w, sampler._self_w)
+    assert lap_rows.cols.numel() >= 4 * 6
+    dist = sampler.layer_distribution(seeds, lap_rows)
+    p = torch.zeros(60, dtype=torch.float64)
+    p[dist.support] = dist.p
+    torch.manual_seed(14)
+    batch = sampler.sample(seeds)
+    chosen = batch.input_nodes
+    expect = lap[seeds][:, chosen] * debias_weights(p[chosen], 60)
+    torch.testing.assert_close(block_dense(batch.blocks[0]), expect, rtol=1e-5, atol=1e-7)
+    h = torch.randn(60, 2, generator=torch.Generator().manual_seed(15), dtype=torch.float64)
+    est = one_layer_estimates(sampler, seeds, h, 1500)
+    truth = lap[seeds] @ h
+    se = est.std(0) / est.shape[0] ** 0.5
+    assert ((est.mean(0) - truth).abs() <= 4.5 * se + 1e-5).all()
+    # the first draw follows p exactly (successive sampling's first step)
+    first = torch.zeros(60, dtype=torch.float64)
+    trials = 3000
+    for _ in range(trials):
+        first[sampler.sample(seeds).input_nodes[0]] += 1
+    tol = 5 * (p * (1 - p) / trials).sqrt() + 1e-3
+    assert ((first / trials - p).abs() <= tol).all()
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["ladies", "ladies_f"])
+def test_ladies_support_smaller_than_s_among_many_entries(flat):
+    # K_10, 5 rows: 50 entries >= 4 s but only 10 distinct columns < s = 12: the entry draws
+    # stall, the sample continues per column and s is clipped to the support
+    n = 10
+    src, dst = torch.combinations(torch.arange(n), 2).T
+    graph = CSRGraph.from_edges(src, dst, n, symmetrize=True)
+    for debias in (False, True):
+        batch = LADIESSampler(graph, [12], flat=flat, debias=debias).sample(torch.arange(5))
+        assert sorted(batch.input_nodes.tolist()) == list(range(n))
+        assert torch.isfinite(batch.blocks[0].weights).all() and batch.blocks[0].num_edges == 5 * n

@@ -13,7 +13,14 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
-from lightning_mqgnn.sampling.layerwise import LaplacianRows, LayerDistribution, LayerwiseSampler, normalise
+from lightning_mqgnn.sampling.layerwise import (
+    LaplacianRows,
+    LayerDistribution,
+    LayerwiseSampler,
+    RowEntries,
+    normalise,
+)
+from lightning_mqgnn.sampling.successive import GuidedCDF, successive_sample
 
 
 def fastgcn_probabilities(graph: CSRGraph, edge_w: Tensor, self_w: Tensor, flat: bool) -> Tensor:
@@ -39,6 +46,13 @@ class FastGCNSampler(LayerwiseSampler):
             nnz=positive.numel(),
             last=int(positive[-1]),
         )
+        self._table = GuidedCDF(self._dist.cdf, self._dist.last)
 
     def layer_distribution(self, prev: Tensor, lap: LaplacianRows) -> LayerDistribution:
         return self._dist
+
+    def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Draws need no rows of ``L`` (the distribution is global): only the block does."""
+        d = self._dist
+        chosen = successive_sample(d.p, s, nnz=d.nnz, last=d.last, slot=self.scratch(), table=self._table)
+        return chosen, d.p.index_select(0, chosen), *self.kept_entries(chosen, rows.cols)

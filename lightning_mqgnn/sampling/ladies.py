@@ -3,6 +3,11 @@
 ``p_j ∝ Σ_{i∈prev} L_ij²`` (eq. 7), or ``∝ sqrt`` of it with ``flat`` (eq. 10): only neighbours of
 ``prev`` and ``prev`` itself (the self loop) have mass, so the support is the union of their rows
 (eq. 6). It is found in O(edges of prev) without a sort or a dense N-vector of probabilities.
+
+Without ``flat`` the draws need no per-column sums at all: an entry of ``L[prev, :]`` drawn with
+probability ∝ ``L_ij²`` lands in column ``j`` with probability exactly ``p_j`` of eq. 7, so the
+successive draws take first occurrences of columns of entries drawn that way, and ``p_j`` is summed
+only for the drawn columns, from the entries the block keeps anyway.
 """
 
 from __future__ import annotations
@@ -10,11 +15,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_mqgnn.sampling.layerwise import LaplacianRows, LayerDistribution, LayerwiseSampler, normalise
+from lightning_mqgnn.sampling.layerwise import (
+    LaplacianRows,
+    LayerDistribution,
+    LayerwiseSampler,
+    RowEntries,
+    normalise,
+)
+from lightning_mqgnn.sampling.successive import continue_by_gumbel, rejection_draws, successive_sample
 
 
 class LADIESSampler(LayerwiseSampler):
     """LADIES / +flat / +debias / +flat+debias; ``samples`` input layer first."""
+
+    _acc: Tensor | None = None
 
     def layer_distribution(self, prev: Tensor, lap: LaplacianRows) -> LayerDistribution:
         support, inverse = self._distinct(lap.cols)
@@ -26,6 +40,78 @@ class LADIESSampler(LayerwiseSampler):
         # every support entry has mass: squares of positive L entries (no O(support) recount)
         return LayerDistribution(support=support, p=p, nnz=support.numel(), last=support.numel() - 1)
 
+    def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        num_nb = rows.edge_pos.numel()
+        sq = torch.empty(rows.cols.numel(), dtype=torch.float64)
+        sq[:num_nb] = self._edge_w.index_select(0, rows.edge_pos)
+        sq[num_nb:] = self._self_w.index_select(0, prev)
+        sq.square_()  # L_ij² of every entry (eq. 7), exact in float64 from the float32 L
+        if 4 * s > sq.numel():  # few entries: a large share of the support, the exact per-column form
+            return self._draw_by_columns(rows.cols, sq, s, prev.numel())
+        weights = self._flat_entry_weights(rows.cols, sq) if self.flat else sq
+        return self._draw_by_entries(rows.cols, sq, weights, s, prev.numel())
+
+    def _flat_entry_weights(self, cols: Tensor, sq: Tensor) -> Tensor:
+        """``L_ij² / sqrt(π_j)``: entry weights whose column sums are ``sqrt(π_j)`` (eq. 10)."""
+        acc = self.accumulator()
+        acc.scatter_add_(0, cols, sq)  # π_j of eq. 7
+        col_mass = acc.gather(0, cols)
+        acc.scatter_(0, cols, 0.0)
+        return sq / col_mass.sqrt_()
+
+    def accumulator(self) -> Tensor:
+        """An all-zero float64 [N] array, reused; callers clear what they set."""
+        if self._acc is None:
+            self._acc = torch.zeros(self.graph.num_nodes, dtype=torch.float64)
+        return self._acc
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_acc"] = None  # per-process scratch, rebuilt on first use
+        return state
+
+    def _draw_by_columns(
+        self, cols: Tensor, sq: Tensor, s: int, num_rows: int, drawn: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Sum ``L_ij²`` per distinct column (eq. 7), take the root with ``flat`` (eq. 10), draw;
+        with ``drawn`` (global ids already drawn, in order) continue that successive sample."""
+        support, inverse = self._distinct(cols)
+        pi = torch.zeros(support.numel(), dtype=torch.float64).scatter_add_(0, inverse, sq)
+        if self.flat:
+            pi.sqrt_()
+        p = normalise(pi, f"LADIES layer over {num_rows} rows")
+        if drawn is None:
+            # every support entry has mass: squares of positive L entries (no O(support) recount)
+            pos = successive_sample(p, s, nnz=support.numel(), last=support.numel() - 1, slot=self.scratch())
+        else:
+            pos = continue_by_gumbel(p, self.positions_in(support, drawn), min(s, support.numel()))
+        rank = torch.full((support.numel(),), -1, dtype=torch.int64)
+        rank[pos] = torch.arange(pos.numel())
+        local = rank.gather(0, inverse)
+        kept = (local >= 0).nonzero().squeeze(1)
+        return support.index_select(0, pos), p.index_select(0, pos), kept, local.index_select(0, kept)
+
+    def _draw_by_entries(
+        self, cols: Tensor, sq: Tensor, weights: Tensor, s: int, num_rows: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Successive draws of columns from entries drawn ∝ ``weights`` (column sums ∝ ``p``)."""
+        cdf = torch.cumsum(weights, 0)
+        total = cdf[-1]
+        if not bool(total > 0):
+            raise ValueError(f"LADIES layer over {num_rows} rows: sampling distribution has no positive mass")
+        last = cdf.numel() - 1
+
+        def draw(n: int) -> Tensor:
+            u = torch.rand(n, dtype=torch.float64) * total
+            return cols.index_select(0, torch.searchsorted(cdf, u, right=True).clamp_(max=last))
+
+        chosen = rejection_draws(draw, s, self.scratch())
+        if chosen.numel() < s:  # stalled (few distinct columns): continue exactly, per column
+            return self._draw_by_columns(cols, sq, s, num_rows, drawn=chosen)
+        kept, local = self.kept_entries(chosen, cols)
+        mass = torch.zeros(s, dtype=torch.float64).scatter_add_(0, local, weights.index_select(0, kept))
+        return chosen, mass / total, kept, local
+
     def _distinct(self, cols: Tensor) -> tuple[Tensor, Tensor]:
         """``(support, inverse)`` with ``support[inverse] == cols``, via the scratch array.
 
@@ -34,9 +120,9 @@ class LADIESSampler(LayerwiseSampler):
         """
         slot = self.scratch()
         pos = torch.arange(cols.numel())
-        slot.index_copy_(0, cols, pos)  # duplicates: one write per id survives
-        support = cols[slot.index_select(0, cols) == pos]
-        slot.index_copy_(0, support, torch.arange(support.numel()))
-        inverse = slot.index_select(0, cols)
-        slot.index_fill_(0, support, -1)
+        slot.scatter_(0, cols, pos)  # duplicates: one write per id survives
+        support = cols[slot.gather(0, cols) == pos]
+        slot.scatter_(0, support, torch.arange(support.numel()))
+        inverse = slot.gather(0, cols)
+        slot.scatter_(0, support, -1)
         return support, inverse

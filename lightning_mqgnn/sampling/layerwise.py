@@ -69,10 +69,11 @@ class LayerwiseSampler:
         self.debias = bool(debias)
         self._edge_w, self._self_w = edge_weights(graph, "gcn")  # L's off-diagonal and diagonal
         self._scratch: Tensor | None = None
+        self._bitmap: Tensor | None = None
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_scratch"] = None  # per-process scratch, rebuilt on first use
+        state["_scratch"] = state["_bitmap"] = None  # per-process scratch, rebuilt on first use
         return state
 
     def scratch(self) -> Tensor:
@@ -91,14 +92,50 @@ class LayerwiseSampler:
         prev = seeds
         blocks: list[Block] = []
         for s in reversed(self.samples):  # top-down: output layer first
-            lap = laplacian_rows(self.graph, prev, self._edge_w, self._self_w)
-            dist = self.layer_distribution(prev, lap)
-            pos = successive_sample(dist.p, s, cdf=dist.cdf, nnz=dist.nnz, last=dist.last)
-            chosen, p_chosen = dist.support[pos], dist.p[pos]
-            blocks.append(self._block(prev, lap, chosen, self.column_weights(p_chosen)))
+            rows = row_entries(self.graph, prev)
+            chosen, p_chosen, kept, local = self.draw_layer(prev, rows, s)
+            blocks.append(self._block(prev, rows, kept, local, self.column_weights(p_chosen)))
             prev = chosen
         blocks.reverse()
         return MiniBatch(input_nodes=prev, output_nodes=seeds, blocks=blocks)
+
+    def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(chosen, p_chosen, kept, local)``: the successive draws (global ids, draw order),
+        their normalised probabilities, and ``kept_entries`` of ``rows`` for them."""
+        dist = self.layer_distribution(prev, laplacian_rows(self.graph, prev, self._edge_w, self._self_w))
+        pos = successive_sample(dist.p, s, cdf=dist.cdf, nnz=dist.nnz, last=dist.last, slot=self.scratch())
+        chosen = dist.support[pos]
+        return chosen, dist.p[pos], *self.kept_entries(chosen, rows.cols)
+
+    def positions_in(self, chosen: Tensor, cols: Tensor) -> Tensor:
+        """Position of each ``cols`` entry in ``chosen`` (distinct ids), -1 if absent; O(len(cols))."""
+        slot = self.scratch()
+        slot.scatter_(0, chosen, torch.arange(chosen.numel()))
+        local = slot.gather(0, cols)
+        slot.scatter_(0, chosen, -1)
+        return local
+
+    def kept_entries(self, chosen: Tensor, cols: Tensor) -> tuple[Tensor, Tensor]:
+        """``(kept, local)``: the entries of ``cols`` whose column is in ``chosen`` (ascending) and
+        that column's position in ``chosen``.
+
+        Membership is tested in a bitmap of N bits (~125 KiB for 1M nodes: stays in L2 cache)
+        rather than in the N-entry scratch (one cache miss per entry); only the kept entries read
+        the scratch.
+        """
+        words = self.bitmap()
+        word = chosen >> 6
+        words.scatter_add_(0, word, torch.ones_like(chosen) << (chosen & 63))  # distinct ids: no carries
+        member = (words.index_select(0, cols >> 6) >> (cols & 63)) & 1
+        words.scatter_(0, word, 0)
+        kept = member.nonzero().squeeze(1)
+        return kept, self.positions_in(chosen, cols.index_select(0, kept))
+
+    def bitmap(self) -> Tensor:
+        """An all-zero int64 array of ``ceil(N / 64)`` words, reused; callers clear what they set."""
+        if self._bitmap is None:
+            self._bitmap = torch.zeros((self.graph.num_nodes + 63) // 64, dtype=torch.int64)
+        return self._bitmap
 
     def column_weights(self, p_chosen: Tensor) -> Tensor:
         """Importance weight of each drawn column, float64, in draw order."""
@@ -106,29 +143,78 @@ class LayerwiseSampler:
             return debias_weights(p_chosen, self.graph.num_nodes)  # eq. 13, n = len(p) = N
         return 1.0 / (p_chosen.numel() * p_chosen)  # eq. 8
 
-    def _block(self, prev: Tensor, lap: LaplacianRows, chosen: Tensor, col_w: Tensor) -> Block:
-        """``L[prev, chosen] · diag(col_w)`` as a CSR block over source positions in ``chosen``."""
-        slot = self.scratch()
-        slot.index_copy_(0, chosen, torch.arange(chosen.numel()))  # index_copy_/index_select: the
-        local = slot.index_select(0, lap.cols)  # fast paths of scatter/gather (vs. tensor[idx])
-        slot.index_fill_(0, chosen, -1)
-        keep = (local >= 0).nonzero().squeeze(1)
-        rows = lap.rows.index_select(0, keep)
-        order = torch.sort(rows, stable=True).indices  # group by row: only the kept entries are sorted
-        keep = keep.index_select(0, order)
-        rows = rows.index_select(0, order)
-        local = local.index_select(0, keep)
-        weights = lap.values.index_select(0, keep).to(torch.float64) * col_w.index_select(0, local)
+    def _block(self, prev: Tensor, rows: RowEntries, kept: Tensor, local: Tensor, col_w: Tensor) -> Block:
+        """``L[prev, chosen] · diag(col_w)`` as a CSR block over source positions in ``chosen``.
+
+        ``kept``: the entries of ``rows`` in a drawn column (ascending), ``local``: that column's
+        position in ``chosen``. Rows stay in CSR order with the self loop last (no sort): a kept
+        neighbour entry moves down by the kept self loops of earlier rows.
+        """
+        num_nb = rows.edge_pos.numel()
+        split = int(torch.searchsorted(kept, num_nb))
+        kept_nb, self_rows = kept[:split], kept[split:] - num_nb
+        has_self = torch.zeros(prev.numel(), dtype=torch.int64)
+        has_self[self_rows] = 1
+        self_upto = torch.cumsum(has_self, 0)
         indptr = torch.zeros(prev.numel() + 1, dtype=torch.int64)
-        torch.cumsum(torch.bincount(rows, minlength=prev.numel()), 0, out=indptr[1:])
+        torch.add(torch.searchsorted(kept_nb, rows.ends), self_upto, out=indptr[1:])
+        row_of_nb = torch.searchsorted(rows.ends, kept_nb, right=True)
+        at_nb = torch.arange(kept_nb.numel()) + (self_upto - has_self).index_select(0, row_of_nb)
+        at_self = indptr.index_select(0, self_rows + 1) - 1
+        values = torch.empty(kept.numel(), dtype=torch.float32)
+        values[at_nb] = self._edge_w.index_select(0, rows.edge_pos.index_select(0, kept_nb))
+        values[at_self] = self._self_w.index_select(0, prev.index_select(0, self_rows))
+        indices = torch.empty(kept.numel(), dtype=torch.int64)
+        indices[at_nb] = local[:split]
+        indices[at_self] = local[split:]
+        weights = values.to(torch.float64) * col_w.index_select(0, indices)
         return Block(
             num_dst=prev.numel(),
-            num_src=chosen.numel(),
+            num_src=col_w.numel(),
             indptr=indptr,
-            indices=local,
+            indices=indices,
             weights=weights.to(torch.float32),
             dst_in_src=False,
         )
+
+
+@dataclass
+class RowEntries:
+    """Where the entries of ``L[prev, :]`` are, without their values: the neighbour entries of
+    each row in CSR order, then one self loop per row (the last ``len(prev)`` columns)."""
+
+    edge_pos: Tensor  # int64 [E], position of each neighbour entry in graph.indices / edge weights
+    cols: Tensor  # int64 [E + len(prev)], global column id of every entry
+    ends: Tensor  # int64 [len(prev)], end of each row's neighbour entries (cumulative degree)
+
+
+def row_entries(graph: CSRGraph, prev: Tensor) -> RowEntries:
+    """The entries of ``L[prev, :]`` (see ``RowEntries``): three passes over E, no row vector."""
+    starts = graph.indptr.index_select(0, prev)
+    deg = graph.indptr.index_select(0, prev + 1) - starts
+    ends = torch.cumsum(deg, 0)
+    total = int(ends[-1])
+    edge_pos = segment_positions(starts, deg, ends, total)
+    cols = torch.empty(total + prev.numel(), dtype=torch.int64)
+    torch.index_select(graph.indices, 0, edge_pos, out=cols[:total])
+    cols[total:] = prev
+    return RowEntries(edge_pos=edge_pos, cols=cols, ends=ends)
+
+
+def segment_positions(starts: Tensor, lengths: Tensor, ends: Tensor, total: int) -> Tensor:
+    """``cat([arange(a, a + n) for a, n in zip(starts, lengths)])`` as one cumulative sum.
+
+    Steps are 1 except where a segment begins: there the step jumps from the previous segment's
+    last value to its start. Empty segments add jumps that cancel out (they telescope).
+    """
+    step = torch.ones(total, dtype=torch.int64)
+    if total == 0:
+        return step
+    first = ends - lengths
+    prev_stop = torch.cat([starts.new_ones(1), (starts + lengths)[:-1]])  # virtual segment [0, 1)
+    inside = (first < total).nonzero().squeeze(1)
+    step.index_add_(0, first.index_select(0, inside), (starts - prev_stop).index_select(0, inside))
+    return step.cumsum_(0)
 
 
 def laplacian_rows(graph: CSRGraph, prev: Tensor, edge_w: Tensor, self_w: Tensor) -> LaplacianRows:
