@@ -69,7 +69,7 @@ class FullGraphInference:
                 if self._all_chunks is None:
                     self._all_chunks = self._chunks(torch.arange(self.dataset.num_nodes))
                 chunks = self._all_chunks
-            outs = [layer(block.to(device), h, h[dst.to(device)]) for dst, block in chunks]
+            outs = [layer(block.to(device), h, h.index_select(0, dst.to(device))) for dst, block in chunks]
             h = torch.cat(outs) if len(outs) > 1 else outs[0]
             if not last:
                 h = between(h)
