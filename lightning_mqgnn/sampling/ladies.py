@@ -52,17 +52,21 @@ class LADIESSampler(LayerwiseSampler):
         return self._draw_by_entries(rows.cols, sq, weights, s, prev.numel())
 
     def _flat_entry_weights(self, cols: Tensor, sq: Tensor) -> Tensor:
-        """``L_ij² / sqrt(π_j)``: entry weights whose column sums are ``sqrt(π_j)`` (eq. 10)."""
+        """``L_ij² / sqrt(π_j)``: entry weights whose column sums are ``sqrt(π_j)`` (eq. 10).
+
+        π_j is summed in float32 (relative error ~1e-7, far below the sampling noise): the
+        random-access passes over the N-long accumulator are the cost here, and half the bytes
+        keep more of it in cache."""
         acc = self.accumulator()
-        acc.scatter_add_(0, cols, sq)  # π_j of eq. 7
-        col_mass = acc.gather(0, cols)
-        acc.scatter_(0, cols, 0.0)
-        return sq / col_mass.sqrt_()
+        acc.scatter_add_(0, cols, sq.to(torch.float32))  # π_j of eq. 7 (faster than index_add_ here)
+        col_mass = acc.index_select(0, cols)
+        acc.index_fill_(0, cols, 0.0)
+        return sq / col_mass.sqrt_().to(torch.float64)
 
     def accumulator(self) -> Tensor:
-        """An all-zero float64 [N] array, reused; callers clear what they set."""
+        """An all-zero float32 [N] array, reused; callers clear what they set."""
         if self._acc is None:
-            self._acc = torch.zeros(self.graph.num_nodes, dtype=torch.float64)
+            self._acc = torch.zeros(self.graph.num_nodes, dtype=torch.float32)
         return self._acc
 
     def __getstate__(self) -> dict:
