@@ -112,6 +112,10 @@ def _worker_main(
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle; it stops us
     torch.set_num_threads(num_threads)
+    # Every lent slot stays referenced here: torch then finds its mapping in the shared-storage
+    # cache when the slot comes back with a later task, instead of mapping (and page-faulting)
+    # it again. Measured: gather+pack 18 ms per batch without, vs ~6 ms in the trainer itself.
+    lent: dict[int, Tensor] = {}
     while True:
         try:
             task = tasks.get(timeout=_POLL_S)
@@ -122,6 +126,8 @@ def _worker_main(
         if task is None:
             return
         generation, index, seeds, rng_seed, slot_id, slot = task
+        if slot is not None:
+            lent[slot_id] = slot
         try:
             batch = sample_batch(sampler, torch.from_numpy(seeds), rng_seed, index)
             t0 = time.perf_counter()

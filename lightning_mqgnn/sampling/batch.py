@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor
 
+from lightning_mqgnn.sampling.aggregate import weighted_row_sum
+
 # CSR sparse-dense products are what every layer runs on; torch's one-time beta notice is noise.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
@@ -54,16 +56,14 @@ class Block:
     def aggregate(self, h_src: Tensor) -> Tensor:
         """Weighted sum of source rows into each destination: ``A_block @ h_src``.
 
-        A CSR sparse-dense product: no per-edge message tensor, so memory stays at the output
-        size even for full-neighbourhood inference blocks.
+        A fused weighted row sum (``weighted_row_sum``): no per-edge message tensor, so memory
+        stays at the output size even for full-neighbourhood inference blocks.
         """
         if h_src.shape[0] != self.num_src:
             raise ValueError(f"block expects {self.num_src} source rows, got {h_src.shape[0]}")
         if self.num_edges == 0:
             return h_src.new_zeros(self.num_dst, h_src.shape[1])
-        if self.weights.dtype != h_src.dtype:
-            return torch.sparse.mm(replace(self, weights=self.weights.to(h_src.dtype)).adjacency(), h_src)
-        return torch.sparse.mm(self.adjacency(), h_src)
+        return weighted_row_sum(self.indptr, self.indices, self.weights, h_src)
 
     def map(self, fn: Callable[[Tensor], Tensor]) -> Block:
         """Apply ``fn`` to every tensor (device moves, pinning)."""
