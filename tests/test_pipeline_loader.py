@@ -199,9 +199,51 @@ def test_an_epoch_trains_on_the_free_cores_and_gives_the_threads_back(ds, monkey
     )
     try:
         torch.set_num_threads(4)
-        seen = {torch.get_num_threads() for _ in dm.train_dataloader()}
-        assert seen == {2}  # 8 cores - 2 workers x 3 threads
-        assert torch.get_num_threads() == 4  # validation after the epoch gets them back
+        seen = [torch.get_num_threads() for _ in dm.train_dataloader()]
+        assert set(seen[:-1]) == {2}  # 8 cores - 2 workers x 3 threads
+        # the last batch leaves the workers idle: its step, and the validation Lightning starts
+        # without asking past the end of a sized loader, get every thread back
+        assert seen[-1] == 4 and torch.get_num_threads() == 4
     finally:
         dm.shutdown_pipeline()
         torch.set_num_threads(before)
+
+
+class ThreadsAtValidation(pl.Callback):
+    def __init__(self):
+        self.threads = []
+
+    def on_validation_start(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.threads.append(torch.get_num_threads())
+
+
+def test_validation_inside_fit_runs_with_every_thread(ds, monkeypatch):
+    from lightning_mqgnn.pipeline import workers
+
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(4)))
+    before = torch.get_num_threads()
+    dm = MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [3, 3]), batch_size=256, mode="pipeline", num_workers=2
+    )
+    probe = ThreadsAtValidation()
+    try:
+        torch.set_num_threads(3)
+        trainer = make_trainer([probe], max_epochs=2, limit_val_batches=1.0, num_sanity_val_steps=0)
+        trainer.fit(seeded_module(ds), dm)
+    finally:
+        dm.shutdown_pipeline()
+        threads_after = torch.get_num_threads()
+        torch.set_num_threads(before)
+    assert probe.threads == [3, 3] and threads_after == 3
+
+
+def test_multi_threaded_workers_never_fork():
+    """OpenMP in a forked child can deadlock once the parent ran parallel kernels: workers with
+    more than one thread start from a clean process, and asking to fork them is refused."""
+    from lightning_mqgnn.pipeline.workers import choose_start_method
+
+    assert choose_start_method("auto", worker_threads=1) == "fork"
+    assert choose_start_method("auto", worker_threads=3) == "forkserver"
+    with pytest.raises(ValueError, match="worker_threads=2 with start_method='fork'"):
+        choose_start_method("fork", worker_threads=2)

@@ -279,6 +279,10 @@ class _EpochRun:
         )
         if compute_s is not None:
             batch.meta["prev_compute_s"] = compute_s
+        if index == len(self.batches) - 1:
+            # the workers have nothing left to sample: the last step, and the validation Lightning
+            # runs before it ever asks past a sized loader's end, get every thread back
+            self._restore_threads()
         self._last_return = time.perf_counter()
         return batch
 

@@ -6,8 +6,9 @@ memory (``GraphDataset.share_memory_()``) and a forked worker maps the same page
 receives them as shared-memory handles. Result tensors travel back through torch's
 multiprocessing queue, i.e. one shared-memory segment per tensor and no pickled payload.
 
-Start method: ``fork`` on Linux: no re-import, the sampler object is inherited as is, and the
-workers are up in milliseconds. Workers only sample and gather on the CPU, so a CUDA context
+Start method: ``fork`` on Linux for single-threaded workers (the default): no re-import, the
+sampler object is inherited as is, and the workers are up in milliseconds; multi-threaded workers
+use ``forkserver`` (``choose_start_method``: OpenMP after fork can deadlock). Workers only sample and gather on the CPU, so a CUDA context
 initialised in the parent is never touched by them (torch's DataLoader forks the same way; a
 worker that did call CUDA would fail with "Cannot re-initialize CUDA in forked subprocess", not
 hang). Elsewhere ``spawn`` (needs a picklable sampler; shared-memory tensors go by handle); on
@@ -82,12 +83,25 @@ def limit_training_threads(ranks_on_node: int, num_workers: int, worker_threads:
     return torch.get_num_threads()
 
 
-def choose_start_method(start_method: str = "auto") -> str:
+def choose_start_method(start_method: str = "auto", worker_threads: int = 1) -> str:
+    """``fork`` on Linux for single-threaded workers, else ``forkserver``/``spawn``.
+
+    A forked child inherits the parent's OpenMP thread pool in a broken state: with more than one
+    intra-op thread its first parallel kernel can wait forever (seen: parent at 4 threads, worker
+    at 3, no batch ever came back). Multi-threaded workers therefore start from a clean process.
+    """
     if start_method not in START_METHODS:
         raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+    if start_method == "fork" and worker_threads > 1:
+        raise ValueError(
+            f"worker_threads={worker_threads} with start_method='fork': OpenMP in a forked worker can "
+            "deadlock; use start_method='forkserver' or 'spawn' (or 'auto'), or worker_threads=1"
+        )
     if start_method != "auto":
         return start_method
-    return "fork" if sys.platform.startswith("linux") else "spawn"
+    if not sys.platform.startswith("linux"):
+        return "spawn"
+    return "fork" if worker_threads == 1 else "forkserver"
 
 
 def _parent_gone(parent_pid: int) -> bool:
@@ -215,7 +229,7 @@ class SamplerWorkerPool:
         self.labels = labels
         self.cache_slot = cache_slot
         self.num_workers = num_workers
-        self.start_method = choose_start_method(start_method)
+        self.start_method = choose_start_method(start_method, worker_threads)
         self.worker_threads = worker_threads
         self.in_flight = 0
         self.arena = SlotArena(max_slots)  # max_slots=0: every batch in a fresh segment
