@@ -13,7 +13,7 @@ from lightning_mqgnn.models.inference import FullGraphLoader
 from lightning_mqgnn.pipeline.loader import FeatureCache, PipelinedLoader
 from lightning_mqgnn.pipeline.produce import produce_batch
 from lightning_mqgnn.pipeline.schedule import batch_rng_seed, epoch_batches, num_batches
-from lightning_mqgnn.pipeline.workers import START_METHODS, default_num_workers
+from lightning_mqgnn.pipeline.workers import check_start_method, default_num_workers
 from lightning_mqgnn.sampling.base import Sampler
 from lightning_mqgnn.sampling.batch import MiniBatch
 
@@ -60,8 +60,7 @@ class MQGNNDataModule(pl.LightningDataModule):
             raise ValueError(f"num_workers must be >= 1 (or None for auto), got {num_workers}")
         if queue_size != "auto" and (not isinstance(queue_size, int) or queue_size < 1):
             raise ValueError(f"queue_size must be a positive int or 'auto', got {queue_size!r}")
-        if start_method not in START_METHODS:
-            raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+        check_start_method(start_method, worker_threads)
         if not 0.0 <= memory_margin < 1.0:
             raise ValueError(f"memory_margin must be in [0, 1), got {memory_margin}")
         self.dataset = dataset
@@ -129,15 +128,7 @@ class MQGNNDataModule(pl.LightningDataModule):
             return SequentialLoader(self)
         if self.pipeline_loader is None:
             self.pipeline_loader = PipelinedLoader(
-                self,
-                num_workers=self.num_workers or default_num_workers(self.ranks_on_node()),
-                queue_size=self.queue_size,
-                cpu_queue_size=self.cpu_queue_size,
-                start_method=self.start_method,
-                worker_threads=self.worker_threads,
-                warmup_batches=self.warmup_batches,
-                window_batches=self.window_batches,
-                memory_margin=self.memory_margin,
+                self, num_workers=self.num_workers or default_num_workers(self.ranks_on_node())
             )
         return self.pipeline_loader
 

@@ -23,15 +23,6 @@ from lightning_mqgnn.sampling.gns import (
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Thousands of tiny samples: intra-op threads only add contention on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def random_graph(n: int, m: int, seed: int) -> CSRGraph:
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(0, n, (m,), generator=g)

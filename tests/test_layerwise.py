@@ -13,16 +13,6 @@ from lightning_mqgnn.sampling.exact import edge_weights, full_block
 from lightning_mqgnn.sampling.fastgcn import FastGCNSampler
 from lightning_mqgnn.sampling.ladies import LADIESSampler
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Thousands of tiny samples: intra-op threads only add contention on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 VARIANTS = [
     (cls, flat, debias) for cls in (FastGCNSampler, LADIESSampler) for flat in (0, 1) for debias in (0, 1)
 ]

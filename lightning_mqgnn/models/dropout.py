@@ -10,6 +10,8 @@ fast, it is plain ``F.dropout``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -24,9 +26,7 @@ def quantised_drop_probability(p: float) -> float:
 
 def random_keep_mask(shape: torch.Size, p: float, generator: torch.Generator | None = None) -> Tensor:
     """A float32 mask: 0 with probability ``quantised_drop_probability(p)``, else 1/(1 - that)."""
-    n = 1
-    for s in shape:
-        n *= s
+    n = math.prod(shape)
     draws = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, generator=generator)
     bits = draws.view(torch.int16)[:n].view(shape)  # uniform on [-2^15, 2^15)
     dropped = round(p * _LEVELS)

@@ -46,35 +46,26 @@ class FeatureCache(Protocol):
 
 
 class PipelinedLoader:
-    """Training batches of ``datamodule`` through the multi-queue pipeline.
+    """Training batches of ``datamodule`` through the multi-queue pipeline, with its settings.
 
-    ``queue_size``: an int for a fixed device queue, or ``"auto"`` for eq. 24-25.
-    ``cpu_queue_size``: batches produced ahead of the transfer (in workers, in the result queue
-    and in the reorder buffer together); default ``2 * num_workers``.
+    ``datamodule.queue_size``: an int for a fixed device queue, or ``"auto"`` for eq. 24-25.
+    ``datamodule.cpu_queue_size``: batches produced ahead of the transfer (in workers, in the
+    result queue and in the reorder buffer together); default ``2 * num_workers``.
     """
 
     def __init__(
-        self,
-        datamodule: MQGNNDataModule,
-        num_workers: int,
-        queue_size: int | str = "auto",
-        cpu_queue_size: int | None = None,
-        start_method: str = "auto",
-        worker_threads: int = 1,
-        warmup_batches: int = 5,
-        window_batches: int = 20,
-        memory_margin: float = 0.1,
-        device: torch.device | str | None = None,
+        self, datamodule: MQGNNDataModule, num_workers: int, device: torch.device | str | None = None
     ):
-        self.dm = datamodule  # arguments were checked by MQGNNDataModule, which builds this loader
+        # every other setting is the DataModule's, already checked there
+        dm = self.dm = datamodule
         self.num_workers = num_workers
-        self.fixed_q = None if queue_size == "auto" else int(queue_size)
-        self.cpu_capacity = max(1, cpu_queue_size if cpu_queue_size is not None else 2 * num_workers)
-        self.start_method = start_method
-        self.worker_threads = worker_threads
+        self.fixed_q = None if dm.queue_size == "auto" else int(dm.queue_size)
+        self.cpu_capacity = max(1, dm.cpu_queue_size if dm.cpu_queue_size is not None else 2 * num_workers)
+        self.start_method = dm.start_method
+        self.worker_threads = dm.worker_threads
         self._device = device
         self.sizer = AdaptiveQueueSize(
-            device="cpu", warmup=warmup_batches, window=window_batches, margin=memory_margin
+            device="cpu", warmup=dm.warmup_batches, window=dm.window_batches, margin=dm.memory_margin
         )
         self.pool: SamplerWorkerPool | None = None
         self.mover: DeviceMover | None = None

@@ -82,12 +82,15 @@ def shared_bytes(nbytes: int) -> Tensor:
         return torch.empty(nbytes, dtype=torch.uint8).share_memory_()
 
 
+def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
 def _view(buffer: Tensor, entry) -> Tensor | None:
     if entry is None:
         return None
     dtype, shape, off = entry
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-    return buffer[off : off + nbytes].view(dtype).view(shape)
+    return buffer[off : off + _nbytes(dtype, shape)].view(dtype).view(shape)
 
 
 def pack_batch(
@@ -107,8 +110,7 @@ def pack_batch(
             layout[name] = None
             continue
         layout[name] = (t.dtype, tuple(t.shape), offset)
-        nbytes = math.prod(t.shape) * torch.empty(0, dtype=t.dtype).element_size()
-        offset += -(-nbytes // _ALIGN) * _ALIGN
+        offset += -(-_nbytes(t.dtype, tuple(t.shape)) // _ALIGN) * _ALIGN
     nbytes = max(offset, _ALIGN)
     in_slot = slot is not None and slot.numel() >= nbytes
     buffer = slot if in_slot else shared_bytes(nbytes)

@@ -83,13 +83,8 @@ def limit_training_threads(ranks_on_node: int, num_workers: int, worker_threads:
     return torch.get_num_threads()
 
 
-def choose_start_method(start_method: str = "auto", worker_threads: int = 1) -> str:
-    """``fork`` on Linux for single-threaded workers, else ``forkserver``/``spawn``.
-
-    A forked child inherits the parent's OpenMP thread pool in a broken state: with more than one
-    intra-op thread its first parallel kernel can wait forever (seen: parent at 4 threads, worker
-    at 3, no batch ever came back). Multi-threaded workers therefore start from a clean process.
-    """
+def check_start_method(start_method: str, worker_threads: int = 1) -> None:
+    """Refuse unknown start methods, and forked workers with several threads (see below)."""
     if start_method not in START_METHODS:
         raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
     if start_method == "fork" and worker_threads > 1:
@@ -97,6 +92,16 @@ def choose_start_method(start_method: str = "auto", worker_threads: int = 1) -> 
             f"worker_threads={worker_threads} with start_method='fork': OpenMP in a forked worker can "
             "deadlock; use start_method='forkserver' or 'spawn' (or 'auto'), or worker_threads=1"
         )
+
+
+def choose_start_method(start_method: str = "auto", worker_threads: int = 1) -> str:
+    """``fork`` on Linux for single-threaded workers, else ``forkserver``/``spawn``.
+
+    A forked child inherits the parent's OpenMP thread pool in a broken state: with more than one
+    intra-op thread its first parallel kernel can wait forever (seen: parent at 4 threads, worker
+    at 3, no batch ever came back). Multi-threaded workers therefore start from a clean process.
+    """
+    check_start_method(start_method, worker_threads)
     if start_method != "auto":
         return start_method
     if not sys.platform.startswith("linux"):

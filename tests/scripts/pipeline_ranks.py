@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from pipeline_helpers import seeded_module, small_dataset  # noqa: E402
+from pipeline_helpers import make_trainer, seeded_module, small_dataset  # noqa: E402
 
 from lightning_mqgnn.data import MQGNNDataModule  # noqa: E402
 from lightning_mqgnn.sampling.neighbor import NeighborSampler  # noqa: E402
@@ -37,18 +37,7 @@ def main(out_dir: str, strategy: str) -> None:
     dm = MQGNNDataModule(
         ds, NeighborSampler(ds.graph, [5, 5]), batch_size=100, mode="pipeline", num_workers=1, seed=2
     )
-    trainer = pl.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        devices=2,
-        strategy=strategy,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[SaveSeeds(out_dir)],
-    )
+    trainer = make_trainer([SaveSeeds(out_dir)], max_epochs=2, devices=2, strategy=strategy)
     trainer.fit(seeded_module(ds), dm)
 
 
