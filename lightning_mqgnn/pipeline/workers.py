@@ -1,18 +1,17 @@
 """Sampler worker processes: the producers of the CPU mini-batch queue (paper Fig. 1, stage 3).
 
-Each worker receives small tasks (batch index + seed ids) and returns a sampled, gathered
-``MiniBatch``. The graph and the feature matrix are never copied per worker: they live in shared
-memory (``GraphDataset.share_memory_()``) and a forked worker maps the same pages, a spawned one
-receives them as shared-memory handles. Result tensors travel back through torch's
-multiprocessing queue, i.e. one shared-memory segment per tensor and no pickled payload.
+Each worker receives small tasks (batch index + seed ids, and a shared-memory slot lent by the
+trainer) and writes a sampled, gathered mini-batch into that slot (``packing``). The graph and
+the feature matrix are never copied per worker: a forked worker maps the parent's pages, a
+spawned one receives shared-memory handles (``GraphDataset.share_memory_()``).
 
-Start method: ``fork`` on Linux for single-threaded workers (the default): no re-import, the
-sampler object is inherited as is, and the workers are up in milliseconds; multi-threaded workers
-use ``forkserver`` (``choose_start_method``: OpenMP after fork can deadlock). Workers only sample and gather on the CPU, so a CUDA context
-initialised in the parent is never touched by them (torch's DataLoader forks the same way; a
-worker that did call CUDA would fail with "Cannot re-initialize CUDA in forked subprocess", not
-hang). Elsewhere ``spawn`` (needs a picklable sampler; shared-memory tensors go by handle); on
-an H200 machine, 15 spawned workers took ~14 s to start against the epoch's 2 s.
+Start method (``choose_start_method``): ``fork`` on Linux for single-threaded workers, the
+default: no re-import, the sampler object is inherited as is, and the workers are up in
+milliseconds. Workers only sample and gather on the CPU, so a CUDA context initialised in the
+parent is never touched by them (torch's DataLoader forks the same way; a worker that did call
+CUDA would fail with "Cannot re-initialize CUDA in forked subprocess", not hang); on an H200
+machine, 15 *spawned* workers took ~14 s to start against the epoch's 2 s. Multi-threaded workers
+use ``forkserver`` (OpenMP after fork can deadlock); other systems ``spawn``.
 """
 
 from __future__ import annotations
