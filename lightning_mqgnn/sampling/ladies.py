@@ -24,11 +24,16 @@ from lightning_mqgnn.sampling.layerwise import (
 )
 from lightning_mqgnn.sampling.successive import continue_by_gumbel, rejection_draws, successive_sample
 
+# Clear the whole accumulator rather than the entries set, while it is at most this many times
+# longer than the entries: a sequential clear of N floats costs about what ~30 random writes do.
+_SWEEP_RATIO = 32
+
 
 class LADIESSampler(LayerwiseSampler):
     """LADIES / +flat / +debias / +flat+debias; ``samples`` input layer first."""
 
     _acc: Tensor | None = None
+    _acc_dirty = False  # whether _acc holds the last layer's sums (cleared by the next sweep)
 
     def layer_distribution(self, prev: Tensor, lap: LaplacianRows) -> LayerDistribution:
         support, inverse = self._distinct(lap.cols)
@@ -58,20 +63,25 @@ class LADIESSampler(LayerwiseSampler):
         random-access passes over the N-long accumulator are the cost here, and half the bytes
         keep more of it in cache."""
         acc = self.accumulator()
+        sweep = acc.numel() <= _SWEEP_RATIO * cols.numel()
+        if sweep or self._acc_dirty:  # a sequential clear also brings the array into cache
+            acc.zero_()
         acc.scatter_add_(0, cols, sq.to(torch.float32))  # π_j of eq. 7 (faster than index_add_ here)
         col_mass = acc.index_select(0, cols)
-        acc.index_fill_(0, cols, 0.0)
+        if not sweep:
+            acc.index_fill_(0, cols, 0.0)
+        self._acc_dirty = sweep
         return sq / col_mass.sqrt_().to(torch.float64)
 
     def accumulator(self) -> Tensor:
-        """An all-zero float32 [N] array, reused; callers clear what they set."""
+        """The float32 [N] scratch of ``_flat_entry_weights`` (its only user), reused."""
         if self._acc is None:
             self._acc = torch.zeros(self.graph.num_nodes, dtype=torch.float32)
         return self._acc
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        state["_acc"] = None  # per-process scratch, rebuilt on first use
+        state["_acc"], state["_acc_dirty"] = None, False  # per-process scratch, rebuilt on first use
         return state
 
     def _draw_by_columns(

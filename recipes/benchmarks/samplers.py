@@ -128,8 +128,15 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: as a sampler worker runs; scipy is serial)"
     )
+    ap.add_argument(
+        "--variants", nargs="+", default=None, help="layer-wise variants to time, e.g. ladies_f (default: all)"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    known = [variant_name(*v) for v in VARIANTS]
+    unknown = sorted(set(args.variants or []) - set(known))
+    if unknown:
+        ap.error(f"--variants: unknown {unknown}; choose from {known}")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -157,6 +164,8 @@ def main(argv: list[str] | None = None) -> str:
     lap = scipy_laplacian(graph)
     ratio_ranges = {}
     for fam, flat, debias in VARIANTS:
+        if args.variants and variant_name(fam, flat, debias) not in args.variants:
+            continue
         cls = FastGCNSampler if fam == "fastgcn" else LADIESSampler
         sample = cls(graph, args.samples, flat=flat, debias=debias).sample
         reference = scipy_sampler(lap, args.samples, fam, flat, debias)
