@@ -129,7 +129,10 @@ def main(argv: list[str] | None = None) -> str:
         "--threads", type=int, default=1, help="torch threads (1: as a sampler worker runs; scipy is serial)"
     )
     ap.add_argument(
-        "--variants", nargs="+", default=None, help="layer-wise variants to time, e.g. ladies_f (default: all)"
+        "--variants",
+        nargs="+",
+        default=None,
+        help="layer-wise variants to time, e.g. ladies_f (default: all)",
     )
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
