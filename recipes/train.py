@@ -98,7 +98,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             gpu_busy,
             checkpoint,
             stopper,
-            StageTimingCallback(log_every_n_steps=50),
+            StageTimingCallback(),
             *strategy_callbacks(strategy),
         ],
         strategy=strategy,

@@ -61,3 +61,35 @@ def test_stage_times_are_logged_and_summarised(tmp_path):
     assert {"stage/forward_s", "stage/wait_s", "stage/device_queue_depth", "stage/queue_size"} <= cols
     assert "stage_summary/mean_batch_s" in cols
     assert sum(1 for r in rows if r.get("stage/forward_s")) == n
+
+
+def test_stage_times_follow_the_trainers_logging_interval(tmp_path):
+    # logging every step costs ~1 ms per key in the training thread: only every n-th step goes out,
+    # while the summary still covers every batch; without a logger nothing is logged at all
+    ds = small_dataset(1500)
+    timing = StageTimingCallback(trim=0)
+
+    def fit(logger) -> pl.Trainer:
+        dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64, mode="sequential")
+        trainer = pl.Trainer(
+            max_epochs=1,
+            accelerator="cpu",
+            logger=logger,
+            log_every_n_steps=3,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            callbacks=[timing],
+        )
+        trainer.fit(seeded_module(ds), dm)
+        assert timing.summary["num_batches"] == dm.num_train_batches() >= 6
+        return trainer
+
+    trainer = fit(CSVLogger(tmp_path, name="t"))
+    with open(trainer.logger.experiment.metrics_file_path) as f:
+        steps = [int(r["step"]) for r in csv.DictReader(f) if r.get("stage/forward_s")]
+    assert steps and all((s + 1) % 3 == 0 for s in steps)
+    assert len(steps) == timing.summary["num_batches"] // 3
+    trainer = fit(False)
+    assert not any(k.startswith("stage/") for k in trainer.callback_metrics)
