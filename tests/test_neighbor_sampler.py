@@ -76,7 +76,7 @@ def test_without_replacement_takes_every_neighbour_of_low_degree_nodes():
     assert sorted(graph.indices[pos].tolist()) == [0, 0, 1, 1, 2, 2]
 
 
-@pytest.mark.parametrize("leaves", [10, 40])  # 40 > 4 * fan-out takes the O(k) draw path
+@pytest.mark.parametrize("leaves", [4, 10, 40])
 def test_uniform_subset_frequencies(leaves):
     # a star: node 0 with `leaves` neighbours, fan-out 3 -> each kept with probability 3/leaves
     star = CSRGraph.from_edges(torch.arange(1, leaves + 1), torch.zeros(leaves, dtype=torch.long), leaves + 1)
@@ -89,6 +89,22 @@ def test_uniform_subset_frequencies(leaves):
     freq = torch.bincount(picked.reshape(-1), minlength=leaves + 1)[1:] / 4000
     p = 3 / leaves
     assert (freq - p).abs().max() < 5 * (p * (1 - p) / 4000) ** 0.5
+
+
+def test_floyd_subsets_are_uniform_over_all_subsets():
+    # every 3-subset of 6 offsets (20 of them) equally often, and a row with n == k takes all
+    from itertools import combinations
+
+    from lightning_mqgnn.sampling.neighbor import uniform_subsets
+
+    torch.manual_seed(5)
+    trials = 40_000
+    subsets = uniform_subsets(torch.full((trials,), 6), 3).sort(1).values
+    index = {c: i for i, c in enumerate(combinations(range(6), 3))}
+    freq = torch.bincount(torch.tensor([index[tuple(r)] for r in subsets.tolist()]), minlength=20) / trials
+    assert (freq - 1 / 20).abs().max() < 5 * ((1 / 20) * (19 / 20) / trials) ** 0.5
+    rows = uniform_subsets(torch.tensor([3, 3, 1000]), 3).sort(1).values
+    assert rows[:2].tolist() == [[0, 1, 2], [0, 1, 2]] and rows[2].unique().numel() == 3
 
 
 def test_invalid_fanouts_are_rejected():

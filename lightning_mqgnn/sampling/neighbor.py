@@ -1,8 +1,8 @@
 """Node-wise uniform neighbour sampling for GCN and GraphSAGE (paper eq. 1-3, 17).
 
 Vectorised over the whole frontier: with replacement each draw is ``indptr[v] + floor(u * deg)``;
-without replacement every candidate edge gets a uniform key and each row keeps its ``k`` smallest
-(a segmented sort), which is a uniform ``k``-subset.
+without replacement a row with at most ``k`` edges keeps them all and every other row draws a
+uniform ``k``-subset of its edges by Floyd's algorithm (``k`` vectorised steps, no sort).
 """
 
 from __future__ import annotations
@@ -32,46 +32,38 @@ def sample_neighbor_edges(
         offset = (torch.rand(rows.numel(), dtype=torch.float64) * deg.index_select(0, rows)).long()
         return counts, starts.index_select(0, rows) + offset
     counts = deg.clamp(max=fanout)
-    out = torch.empty(int(counts.sum()), dtype=torch.int64)
     out_start = torch.cumsum(counts, 0) - counts
-    # high-degree rows: k distinct offsets from 2k draws, touching O(k) not O(deg) per row
-    wide = torch.nonzero(deg > 4 * fanout).squeeze(1)
-    offsets, ok = distinct_offsets(deg.index_select(0, wide), fanout)
-    done = wide[ok]
-    slots = out_start.index_select(0, done).unsqueeze(1) + torch.arange(fanout)
-    out.index_copy_(0, slots.reshape(-1), (starts.index_select(0, done).unsqueeze(1) + offsets).reshape(-1))
-    # the other rows: a uniform key per candidate edge, each row keeps its `fanout` smallest
-    rest = torch.ones(nodes.numel(), dtype=torch.bool)
-    rest[done] = False
-    rest = torch.nonzero(rest).squeeze(1)
-    rdeg = deg.index_select(0, rest)
-    edge = torch.repeat_interleave(starts.index_select(0, rest), rdeg) + segment_arange(rdeg)
-    seg = torch.repeat_interleave(torch.arange(rest.numel()), rdeg)
-    order = torch.argsort(seg.to(torch.float64) + torch.rand(seg.numel(), dtype=torch.float64))
-    keep = order[segment_arange(rdeg) < fanout]  # `order` stays grouped by row, in row order
-    rcounts = counts.index_select(0, rest)
-    at = torch.repeat_interleave(out_start.index_select(0, rest), rcounts) + segment_arange(rcounts)
-    out.index_copy_(0, at, edge.index_select(0, keep))
+    out = torch.empty(int(counts.sum()), dtype=torch.int64)
+    # rows with at most `fanout` edges keep them all
+    full = torch.nonzero(deg <= fanout).squeeze(1)
+    fdeg = deg.index_select(0, full)
+    within = segment_arange(fdeg)
+    at = torch.repeat_interleave(out_start.index_select(0, full), fdeg, output_size=within.numel()) + within
+    out.index_copy_(0, at, torch.repeat_interleave(starts.index_select(0, full), fdeg) + within)
+    # the others: a uniform `fanout`-subset of their offsets, O(fanout) per row whatever the degree
+    part = torch.nonzero(deg > fanout).squeeze(1)
+    offsets = uniform_subsets(deg.index_select(0, part), fanout)
+    slots = out_start.index_select(0, part).unsqueeze(1) + torch.arange(fanout)
+    out.index_copy_(0, slots.reshape(-1), (starts.index_select(0, part).unsqueeze(1) + offsets).reshape(-1))
     return counts, out
 
 
-def distinct_offsets(deg: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """``k`` distinct uniform offsets in ``[0, deg)`` per row, from ``2k`` draws with replacement.
+def uniform_subsets(n: Tensor, k: int) -> Tensor:
+    """A uniform ``k``-subset of ``[0, n_r)`` for every row r (``n_r >= k``), as ``[R, k]`` offsets.
 
-    The first ``k`` distinct values in draw order form a uniform ``k``-subset (successive sampling
-    with equal probabilities); rows whose draws hold fewer than ``k`` distinct values are flagged
-    in ``ok`` (by symmetry the flag does not bias the others) and re-drawn by the caller.
-    Returns ``(offsets [ok.sum(), k], ok [R])``.
+    Floyd's algorithm (Bentley & Floyd 1987), one vectorised step per element: for
+    ``j = n - k, ..., n - 1`` draw ``t`` uniform in ``[0, j]`` and add ``t``, or ``j`` when ``t``
+    is already in. Every subset comes out with probability ``1 / C(n, k)``, without rejection and
+    without touching the row's other offsets.
     """
-    draws = (torch.rand(deg.numel(), 2 * k, dtype=torch.float64) * deg.unsqueeze(1)).long()
-    values, perm = torch.sort(draws, dim=1, stable=True)
-    first_sorted = torch.ones_like(values, dtype=torch.bool)
-    first_sorted[:, 1:] = values[:, 1:] != values[:, :-1]
-    first = torch.empty_like(first_sorted).scatter_(1, perm, first_sorted)  # first occurrences
-    rank = first.cumsum(1)
-    ok = rank[:, -1] >= k
-    take = first & (rank <= k) & ok.unsqueeze(1)
-    return draws[take].view(-1, k), ok
+    chosen = torch.empty(n.numel(), k, dtype=torch.int64)
+    for step in range(k):
+        j = n - (k - step)
+        t = (torch.rand(n.numel(), dtype=torch.float64) * (j + 1)).long()
+        if step:
+            t = torch.where((chosen[:, :step] == t.unsqueeze(1)).any(1), j, t)
+        chosen[:, step] = t
+    return chosen
 
 
 def sampled_block(
