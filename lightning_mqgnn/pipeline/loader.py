@@ -6,6 +6,12 @@ collection). Each epoch runs its own transfer thread; an epoch abandoned early
 (``limit_train_batches``, early stopping) is stopped at the next ``iter()`` or at shutdown, and
 the workers are drained before the next epoch starts, so the feature cache is refreshed while
 they are idle. Batches reach the training loop in index order, whatever worker made them.
+
+Head start: once an epoch has handed all its tasks to the workers, its transfer thread submits
+the next epoch's first tasks (up to the CPU queue's capacity), so the next epoch does not open
+on empty queues while the last batches train and validation runs. Not with a feature cache
+(redrawn per epoch while the workers are idle) nor after the last epoch; an unused head start is
+drained like any abandoned task.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
@@ -45,6 +52,17 @@ class FeatureCache(Protocol):
     def refresh_(self, epoch: int) -> None: ...
 
 
+@dataclass
+class _HeadStart:
+    """The next epoch's first tasks, submitted while the current epoch ends."""
+
+    epoch: int
+    generation: int
+    batches: list[Tensor]
+    submitted: int = 0
+    results: dict[int, MiniBatch] = field(default_factory=dict)
+
+
 class PipelinedLoader:
     """Training batches of ``datamodule`` through the multi-queue pipeline, with its settings.
 
@@ -70,6 +88,8 @@ class PipelinedLoader:
         self.pool: SamplerWorkerPool | None = None
         self.mover: DeviceMover | None = None
         self.generation = 0
+        self.head_starts_used = 0  # epochs that opened on a head start (see the module docstring)
+        self._head: _HeadStart | None = None
         self._run: _EpochRun | None = None
 
     def __len__(self) -> int:
@@ -120,15 +140,30 @@ class PipelinedLoader:
         self._run = _EpochRun(self, self.generation)
         return self._run
 
-    def _begin_epoch(self) -> tuple[int, list[Tensor]]:
+    def _begin_epoch(self, generation: int) -> tuple[int, list[Tensor], _HeadStart | None]:
         pool = self._ensure_started()
-        pool.drain()  # workers idle: safe to refresh the shared cache slots
         epoch = self.dm.current_epoch()
+        head, self._head = self._head, None
+        if head is not None and head.generation == generation and head.epoch == epoch:
+            self.head_starts_used += 1
+            return epoch, head.batches, head
+        pool.drain()  # workers idle: safe to refresh the shared cache slots
         cache = self.dm.feature_cache
         if cache is not None:
             cache.refresh_(epoch)
             self.mover.set_cache(self.dm.dataset.features.index_select(0, cache.nodes).to(self.mover.device))
-        return epoch, self.dm.epoch_seeds(epoch)
+        return epoch, self.dm.epoch_seeds(epoch), None
+
+    def _open_head_start(self, epoch: int, generation: int) -> _HeadStart | None:
+        """A head start for ``epoch`` if one is worth it (called by the ending epoch's thread)."""
+        trainer = self.dm.trainer
+        if self.dm.feature_cache is not None or trainer is None or trainer.should_stop:
+            return None
+        max_epochs = trainer.max_epochs
+        if max_epochs is not None and 0 <= max_epochs <= epoch:
+            return None
+        self._head = _HeadStart(epoch, generation, self.dm.epoch_seeds(epoch))
+        return self._head
 
     def close_epoch(self) -> None:
         """Stop the current epoch's transfer thread (its in-flight tasks are drained later)."""
@@ -139,6 +174,7 @@ class PipelinedLoader:
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop the transfer thread and every worker; safe to call repeatedly."""
         self.close_epoch()
+        self._head = None
         if self.pool is not None:
             self.pool.stop(timeout)
             self.pool = None
@@ -165,9 +201,10 @@ class _EpochRun:
         self._last_return: float | None = None
         self._thread: threading.Thread | None = None
         self._threads_before: int | None = None
+        self._opened_by: _HeadStart | None = None
 
     def _start(self) -> None:
-        self.epoch, self.batches = self.loader._begin_epoch()
+        self.epoch, self.batches, self._opened_by = self.loader._begin_epoch(self.generation)
         # while the workers run, train on the cores they leave free; validation and test after
         # the epoch get every thread back
         self._threads_before = torch.get_num_threads()
@@ -181,9 +218,28 @@ class _EpochRun:
         loader, pool, mover = self.loader, self.loader.pool, self.loader.mover
         seed = loader.dm.seed
         n = len(self.batches)
-        pending: dict[int, MiniBatch] = {}  # reorder buffer: results arrive in completion order
-        submitted = 0
+        opened_by = self._opened_by
+        # reorder buffer: results arrive in completion order (a head start's are already in)
+        pending: dict[int, MiniBatch] = opened_by.results if opened_by is not None else {}
+        submitted = opened_by.submitted if opened_by is not None else 0
+        head: _HeadStart | None = None  # the next epoch's, once this one's tasks are all out
         out = 0
+
+        def top_up_head() -> None:
+            nonlocal head
+            if head is None:
+                head = loader._open_head_start(self.epoch + 1, self.generation + 1)
+                if head is None:
+                    head = _HeadStart(-1, -1, [])  # none this time: stop asking
+            last = min(len(head.batches), loader.cpu_capacity)
+            while (
+                head.submitted < last
+                and pool.in_flight + len(pending) + len(head.results) < loader.cpu_capacity
+            ):
+                rng = batch_rng_seed(seed, head.epoch, head.submitted)
+                pool.submit(head.generation, head.submitted, head.batches[head.submitted], rng)
+                head.submitted += 1
+
         try:
             while out < n:
                 if self.stop_event.is_set():
@@ -192,6 +248,8 @@ class _EpochRun:
                     rng = batch_rng_seed(seed, self.epoch, submitted)
                     pool.submit(self.generation, submitted, self.batches[submitted], rng)
                     submitted += 1
+                if submitted == n:
+                    top_up_head()
                 batch = pending.pop(out, None)
                 if batch is None:
                     try:
@@ -200,6 +258,8 @@ class _EpochRun:
                         continue
                     if result.generation == self.generation:
                         pending[result.index] = result.batch
+                    elif head is not None and result.generation == head.generation:
+                        head.results[result.index] = result.batch
                     continue
                 cpu_depth = pool.in_flight + len(pending) + 1
                 t0 = time.perf_counter()
@@ -214,6 +274,8 @@ class _EpochRun:
                 if not self.queue.put((dev, event), self.stop_event):
                     return
                 out += 1
+            if n:
+                top_up_head()  # the budget this epoch's last batches held
             self.queue.finish()
         except BaseException as exc:  # surfaces in the training thread at its next batch request
             self.queue.fail(exc)
