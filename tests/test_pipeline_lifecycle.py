@@ -156,39 +156,41 @@ def test_workers_exit_when_the_training_process_is_killed(tmp_path):
     assert_gone(pids, within_s=5.0)
 
 
-def test_pipeline_trains_exactly_like_the_sequential_loop(ds):
-    results = {}
+def train_both_modes(ds, epochs: int, num_workers: int, seed: int, model_seed: int, callbacks=()):
+    """Parameters after training in each mode, and the pipelined DataModule."""
+    params = {}
     for mode in ("sequential", "pipeline"):
         dm = MQGNNDataModule(
-            ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, mode=mode, num_workers=2, seed=1
+            ds,
+            NeighborSampler(ds.graph, [5, 5]),
+            batch_size=128,
+            mode=mode,
+            num_workers=num_workers,
+            seed=seed,
         )
-        model = seeded_module(ds, seed=7)
-        trainer = make_trainer(max_epochs=2, limit_val_batches=1.0)
+        model = seeded_module(ds, seed=model_seed)
+        trainer = make_trainer(
+            list(callbacks) if mode == "pipeline" else [], max_epochs=epochs, limit_val_batches=1.0
+        )
         trainer.fit(model, dm)
-        results[mode] = (
-            float(trainer.callback_metrics["train/loss"]),
-            float(trainer.callback_metrics["val/metric"]),
-            torch.cat([p.detach().flatten() for p in model.parameters()]),
-        )
-    (la, va, pa), (lb, vb, pb) = results["sequential"], results["pipeline"]
-    assert la == lb and va == vb
+        params[mode] = (trainer, torch.cat([p.detach().flatten() for p in model.parameters()]))
+    return params, dm
+
+
+def test_pipeline_trains_exactly_like_the_sequential_loop(ds):
+    params, _ = train_both_modes(ds, epochs=2, num_workers=2, seed=1, model_seed=7)
+    (ta, pa), (tb, pb) = params["sequential"], params["pipeline"]
+    for key in ("train/loss", "val/metric"):
+        assert float(ta.callback_metrics[key]) == float(tb.callback_metrics[key])
     assert torch.equal(pa, pb)
 
 
 def test_later_epochs_open_on_a_head_start_and_train_identically(ds):
     # epochs 1 and 2 open on tasks submitted while the epoch before ended (not after the last);
     # batches still come in index order and training matches the sequential loop bit for bit
-    results = {}
-    for mode in ("sequential", "pipeline"):
-        dm = MQGNNDataModule(
-            ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, mode=mode, num_workers=1, seed=2
-        )
-        model = seeded_module(ds, seed=5)
-        rec = Recorder() if mode == "pipeline" else None
-        make_trainer([rec] if rec else [], max_epochs=3, limit_val_batches=1.0).fit(model, dm)
-        results[mode] = torch.cat([p.detach().flatten() for p in model.parameters()])
-    loader = dm.pipeline_loader
-    assert loader.head_starts_used == 2
+    rec = Recorder()
+    params, dm = train_both_modes(ds, epochs=3, num_workers=1, seed=2, model_seed=5, callbacks=[rec])
+    assert dm.pipeline_loader.head_starts_used == 2
     n = dm.num_train_batches()
     assert rec.indices == {e: list(range(n)) for e in range(3)}
-    assert torch.equal(results["sequential"], results["pipeline"])
+    assert torch.equal(params["sequential"][1], params["pipeline"][1])

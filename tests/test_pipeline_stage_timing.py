@@ -3,9 +3,8 @@ queue-size decisions are recorded."""
 
 import csv
 
-import lightning.pytorch as pl
 from lightning.pytorch.loggers import CSVLogger
-from pipeline_helpers import seeded_module, small_dataset
+from pipeline_helpers import make_trainer, seeded_module, small_dataset
 
 from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.pipeline.stage_timing import StageTimingCallback
@@ -25,17 +24,7 @@ def test_stage_times_are_logged_and_summarised(tmp_path):
         window_batches=3,
     )
     timing = StageTimingCallback(trim=2)
-    trainer = pl.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=CSVLogger(tmp_path, name="t"),
-        log_every_n_steps=1,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[timing],
-    )
+    trainer = make_trainer([timing], logger=CSVLogger(tmp_path, name="t"), log_every_n_steps=1)
     trainer.fit(seeded_module(ds), dm)
     n = dm.num_train_batches()
     s = timing.summary
@@ -69,19 +58,9 @@ def test_stage_times_follow_the_trainers_logging_interval(tmp_path):
     ds = small_dataset(1500)
     timing = StageTimingCallback(trim=0)
 
-    def fit(logger) -> pl.Trainer:
+    def fit(logger):
         dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64, mode="sequential")
-        trainer = pl.Trainer(
-            max_epochs=1,
-            accelerator="cpu",
-            logger=logger,
-            log_every_n_steps=3,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            callbacks=[timing],
-        )
+        trainer = make_trainer([timing], logger=logger, log_every_n_steps=3)
         trainer.fit(seeded_module(ds), dm)
         assert timing.summary["num_batches"] == dm.num_train_batches() >= 6
         return trainer
