@@ -203,3 +203,27 @@ def test_sampler_pickles_with_shared_cache_and_validates_arguments():
         GNSSampler(graph, [0], cache)
     with pytest.raises(ValueError, match="period must be"):
         GNSCache(graph, torch.arange(10), period=0)
+    with pytest.raises(ValueError, match="built on another graph"):
+        GNSSampler(random_graph(100, 300, 12), [3, 3], cache)
+
+
+def test_cached_edge_index_lists_exactly_the_in_edges_from_cached_nodes():
+    # after each redraw, every node's indexed edges are its in-edges whose source is cached, in
+    # CSR order: what scanning all in-edges against the slot table gives
+    from lightning_mqgnn.sampling.gns import cached_edges
+
+    graph = random_graph(300, 1500, 21)
+    cache = GNSCache(graph, torch.arange(300), fraction=0.05, period=1, seed=8)
+    dst = torch.tensor([5, 0, 299, 17, 5, 140])
+    found = 0
+    for epoch in range(3):
+        assert epoch == 0 or cache.refresh_(epoch)
+        sub = cached_edges(cache, dst)
+        for row, v in enumerate(dst.tolist()):
+            edges = torch.arange(int(graph.indptr[v]), int(graph.indptr[v + 1]))
+            expect = edges[cache.slot[graph.indices[edges]] >= 0]
+            got = sub.indices[int(sub.indptr[row]) : int(sub.indptr[row + 1])]
+            assert torch.equal(got, expect), (epoch, v)
+            found += got.numel()
+        assert int(cache.edge_indptr[-1]) <= cache.edge_pos.numel()
+    assert found > 0

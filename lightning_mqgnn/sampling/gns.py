@@ -141,6 +141,11 @@ class GNSCache:
     ``nodes`` has a fixed ``capacity = fraction·N`` rows: the first ``num_cached`` are the distinct
     cached ids, the rest repeat ``nodes[0]`` (harmless rows, so ``features[nodes]`` keeps one
     shape). ``slot[v]`` is v's row in ``nodes`` or -1; ``inclusion[v]`` = P(v cached).
+
+    ``edge_indptr``/``edge_pos``: for every node, the CSR positions (in ``graph.indices``) of its
+    in-edges from cached nodes, rebuilt with each draw. The sampler then reads only those instead of
+    scanning every in-edge of its frontier (power-law frontiers hold millions). ``edge_pos`` has
+    a fixed length, the most in-edges any ``capacity`` nodes can be the source of.
     """
 
     graph: CSRGraph
@@ -155,6 +160,8 @@ class GNSCache:
     inclusion: Tensor = field(init=False)
     num_cached: Tensor = field(init=False)
     version: Tensor = field(init=False)  # epoch of the last draw, -1 before the first
+    edge_indptr: Tensor = field(init=False)
+    edge_pos: Tensor = field(init=False)
 
     def __post_init__(self) -> None:
         if self.period < 1:
@@ -167,6 +174,10 @@ class GNSCache:
         self.inclusion = torch.zeros(n, dtype=torch.float64).share_memory_()
         self.num_cached = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.version = torch.full((1,), -1, dtype=torch.int64).share_memory_()
+        as_source = torch.bincount(self.graph.indices, minlength=n)  # edges each node is the source of
+        bound = int(torch.topk(as_source, min(self.capacity, n)).values.sum())
+        self.edge_indptr = torch.zeros(n + 1, dtype=torch.int64).share_memory_()
+        self.edge_pos = torch.zeros(bound, dtype=torch.int64).share_memory_()
         self.refresh_(0)
 
     @property
@@ -189,8 +200,17 @@ class GNSCache:
         self.slot[draw.nodes] = torch.arange(c)
         self.inclusion.copy_(draw.inclusion)
         self.num_cached.fill_(c)
+        self._index_cached_edges()
         self.version.fill_(epoch)
         return True
+
+    def _index_cached_edges(self) -> None:
+        """Rebuild ``edge_indptr``/``edge_pos`` from ``slot``: one pass over the edges."""
+        g = self.graph
+        pos = (self.slot.index_select(0, g.indices) >= 0).nonzero().squeeze(1)
+        rows = torch.searchsorted(g.indptr, pos, right=True) - 1
+        torch.cumsum(torch.bincount(rows, minlength=g.num_nodes), 0, out=self.edge_indptr[1:])
+        self.edge_pos[: pos.numel()] = pos
 
     def resident_features(self, features: Tensor, device: torch.device | str = "cpu") -> Tensor:
         """``features[nodes]`` on ``device``: the rows ``cache_slots`` index into."""
@@ -220,8 +240,14 @@ class GNSSampler:
         fanouts = [int(f) for f in fanouts]
         if not fanouts or any(f == 0 or f < -1 for f in fanouts):
             raise ValueError(f"fanouts must be positive (or -1 for all), got {fanouts}")
-        if cache.graph.num_nodes != graph.num_nodes:
-            raise ValueError(f"GNS cache covers {cache.graph.num_nodes} nodes, graph has {graph.num_nodes}")
+        same = cache.graph is graph or (
+            torch.equal(cache.graph.indptr, graph.indptr) and torch.equal(cache.graph.indices, graph.indices)
+        )
+        if not same:  # the cache's edge index holds CSR positions of its own graph
+            raise ValueError(
+                f"GNS cache was built on another graph ({cache.graph.num_nodes} nodes, "
+                f"{cache.graph.num_edges} edges) than the sampler's ({graph.num_nodes}, {graph.num_edges})"
+            )
         self.graph = graph
         self.fanouts = fanouts
         self.cache = cache
@@ -250,7 +276,7 @@ class GNSSampler:
     def _cached_layer(self, dst: Tensor) -> tuple[Block, Tensor]:
         g, cache = self.graph, self.cache
         deg = g.indptr[dst + 1] - g.indptr[dst]
-        sub = cached_edges(g, dst, cache.slot)
+        sub = cached_edges(cache, dst)
         cached_count = sub.in_degrees()
         counts, pos = sample_neighbor_edges(sub, torch.arange(dst.numel()), self.fanouts[0], replace=False)
         edge_pos = sub.indices[pos]
@@ -284,17 +310,17 @@ def row_mass(graph: CSRGraph, aggregation: str, norm: Tensor) -> Tensor:
     return norm * sums
 
 
-def cached_edges(graph: CSRGraph, dst: Tensor, slot: Tensor) -> CSRGraph:
+def cached_edges(cache: GNSCache, dst: Tensor) -> CSRGraph:
     """The in-edges of ``dst`` from cached nodes, as a CSR over ``len(dst)`` rows whose
-    ``indices`` are CSR positions in ``graph`` (so ``sample_neighbor_edges`` can draw from it)."""
-    starts = graph.indptr[dst]
-    deg = graph.indptr[dst + 1] - starts
-    edge = torch.repeat_interleave(starts, deg) + segment_arange(deg)
-    rows = torch.repeat_interleave(torch.arange(dst.numel()), deg)
-    hit = slot.index_select(0, graph.indices.index_select(0, edge)) >= 0
+    ``indices`` are CSR positions in ``cache.graph`` (so ``sample_neighbor_edges`` can draw from
+    it); each row in CSR order. Reads the cache's edge index: O(cached in-edges of ``dst``)."""
+    starts = cache.edge_indptr.index_select(0, dst)
+    deg = cache.edge_indptr.index_select(0, dst + 1) - starts
     indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
-    torch.cumsum(torch.bincount(rows[hit], minlength=dst.numel()), 0, out=indptr[1:])
-    return CSRGraph(indptr=indptr, indices=edge[hit], num_nodes=dst.numel())
+    torch.cumsum(deg, 0, out=indptr[1:])
+    within = segment_arange(deg)
+    edge = torch.repeat_interleave(starts, deg, output_size=within.numel()) + within
+    return CSRGraph(indptr=indptr, indices=cache.edge_pos.index_select(0, edge), num_nodes=dst.numel())
 
 
 def cache_hits(batch: MiniBatch) -> tuple[int, int]:
