@@ -126,6 +126,9 @@ class MQGNNDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> SequentialLoader | PipelinedLoader:
         if self.mode == "sequential":
             return SequentialLoader(self)
+        return self.train_pipeline_loader()
+
+    def train_pipeline_loader(self) -> PipelinedLoader:
         if self.pipeline_loader is None:
             self.pipeline_loader = PipelinedLoader(
                 self, num_workers=self.num_workers or default_num_workers(self.ranks_on_node())
@@ -137,6 +140,11 @@ class MQGNNDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> FullGraphLoader:
         return FullGraphLoader(self.dataset, self.dataset.test_idx, "test")
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.mode == "pipeline":
+            # workers fork and sample the first batches while Lightning sets up and sanity-checks
+            self.train_pipeline_loader().prime()
 
     def shutdown_pipeline(self) -> None:
         """Stop the pipeline's workers and threads (idempotent). The loader object stays, with its

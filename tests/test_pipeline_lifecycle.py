@@ -186,11 +186,12 @@ def test_pipeline_trains_exactly_like_the_sequential_loop(ds):
 
 
 def test_later_epochs_open_on_a_head_start_and_train_identically(ds):
-    # epochs 1 and 2 open on tasks submitted while the epoch before ended (not after the last);
-    # batches still come in index order and training matches the sequential loop bit for bit
+    # epoch 0 opens on tasks submitted at setup("fit"), epochs 1 and 2 on tasks submitted while
+    # the epoch before ended (none after the last); batches still come in index order and
+    # training matches the sequential loop bit for bit
     rec = Recorder()
     params, dm = train_both_modes(ds, epochs=3, num_workers=1, seed=2, model_seed=5, callbacks=[rec])
-    assert dm.pipeline_loader.head_starts_used == 2
+    assert dm.pipeline_loader.head_starts_used == 3
     n = dm.num_train_batches()
     assert rec.indices == {e: list(range(n)) for e in range(3)}
     assert torch.equal(params["sequential"][1], params["pipeline"][1])

@@ -1,7 +1,8 @@
 """The pipelined training loader: workers → CPU queue → transfer thread → device queue → training.
 
-Lifecycle (chosen: persistent workers per fit). The worker pool starts at the first epoch's
-``iter()`` and lives until ``shutdown()`` (DataModule ``teardown``/``on_exception``, or garbage
+Lifecycle (chosen: persistent workers per fit). The worker pool starts at the DataModule's
+``setup("fit")`` (``prime``: with the first epoch's first tasks) or else at the first epoch's
+``iter()``, and lives until ``shutdown()`` (DataModule ``teardown``/``on_exception``, or garbage
 collection). Each epoch runs its own transfer thread; an epoch abandoned early
 (``limit_train_batches``, early stopping) is stopped at the next ``iter()`` or at shutdown, and
 the workers are drained before the next epoch starts, so the feature cache is refreshed while
@@ -136,15 +137,37 @@ class PipelinedLoader:
         """A new epoch; it starts at its first ``next()`` (Lightning also calls ``iter()`` once
         just to check that the loader is iterable)."""
         self.close_epoch()
-        self.generation += 1
-        self._run = _EpochRun(self, self.generation)
+        self._run = _EpochRun(self, self._next_generation())
         return self._run
 
-    def _begin_epoch(self, generation: int) -> tuple[int, list[Tensor], _HeadStart | None]:
+    def _next_generation(self) -> int:
+        """A tag no other epoch run or head start has: results carry it, stale ones are dropped."""
+        self.generation += 1
+        return self.generation
+
+    def prime(self) -> None:
+        """Start the workers and a head start for the coming epoch now (``setup("fit")``), so the
+        first epoch's first batches are made while Lightning sets up and runs its sanity check.
+        Called from the training thread before any epoch runs: it submits the tasks itself."""
+        self._ensure_started()
+        head = self._open_head_start(self.dm.current_epoch())
+        if head is not None:
+            self._submit_head(head)
+
+    def _submit_head(self, head: _HeadStart, held: int = 0) -> None:
+        """Submit ``head``'s next tasks while the CPU queue has room; ``held``: results of the
+        running epoch not yet handed on. A head start never exceeds the CPU queue's capacity."""
+        last = min(len(head.batches), self.cpu_capacity)
+        while head.submitted < last and self.pool.in_flight + held + len(head.results) < self.cpu_capacity:
+            rng = batch_rng_seed(self.dm.seed, head.epoch, head.submitted)
+            self.pool.submit(head.generation, head.submitted, head.batches[head.submitted], rng)
+            head.submitted += 1
+
+    def _begin_epoch(self) -> tuple[int, list[Tensor], _HeadStart | None]:
         pool = self._ensure_started()
         epoch = self.dm.current_epoch()
         head, self._head = self._head, None
-        if head is not None and head.generation == generation and head.epoch == epoch:
+        if head is not None and head.epoch == epoch:
             self.head_starts_used += 1
             return epoch, head.batches, head
         pool.drain()  # workers idle: safe to refresh the shared cache slots
@@ -154,15 +177,15 @@ class PipelinedLoader:
             self.mover.set_cache(self.dm.dataset.features.index_select(0, cache.nodes).to(self.mover.device))
         return epoch, self.dm.epoch_seeds(epoch), None
 
-    def _open_head_start(self, epoch: int, generation: int) -> _HeadStart | None:
-        """A head start for ``epoch`` if one is worth it (called by the ending epoch's thread)."""
+    def _open_head_start(self, epoch: int) -> _HeadStart | None:
+        """A head start for ``epoch`` if one is worth it (by the ending epoch's thread, or ``prime``)."""
         trainer = self.dm.trainer
         if self.dm.feature_cache is not None or trainer is None or trainer.should_stop:
             return None
         max_epochs = trainer.max_epochs
         if max_epochs is not None and 0 <= max_epochs <= epoch:
             return None
-        self._head = _HeadStart(epoch, generation, self.dm.epoch_seeds(epoch))
+        self._head = _HeadStart(epoch, self._next_generation(), self.dm.epoch_seeds(epoch))
         return self._head
 
     def close_epoch(self) -> None:
@@ -204,7 +227,9 @@ class _EpochRun:
         self._opened_by: _HeadStart | None = None
 
     def _start(self) -> None:
-        self.epoch, self.batches, self._opened_by = self.loader._begin_epoch(self.generation)
+        self.epoch, self.batches, self._opened_by = self.loader._begin_epoch()
+        if self._opened_by is not None:
+            self.generation = self._opened_by.generation  # its tasks' results carry that tag
         # while the workers run, train on the cores they leave free; validation and test after
         # the epoch get every thread back
         self._threads_before = torch.get_num_threads()
@@ -228,17 +253,10 @@ class _EpochRun:
         def top_up_head() -> None:
             nonlocal head
             if head is None:
-                head = loader._open_head_start(self.epoch + 1, self.generation + 1)
+                head = loader._open_head_start(self.epoch + 1)
                 if head is None:
                     head = _HeadStart(-1, -1, [])  # none this time: stop asking
-            last = min(len(head.batches), loader.cpu_capacity)
-            while (
-                head.submitted < last
-                and pool.in_flight + len(pending) + len(head.results) < loader.cpu_capacity
-            ):
-                rng = batch_rng_seed(seed, head.epoch, head.submitted)
-                pool.submit(head.generation, head.submitted, head.batches[head.submitted], rng)
-                head.submitted += 1
+            loader._submit_head(head, held=len(pending))
 
         try:
             while out < n:
