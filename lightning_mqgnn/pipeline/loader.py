@@ -248,15 +248,15 @@ class _EpochRun:
         pending: dict[int, MiniBatch] = opened_by.results if opened_by is not None else {}
         submitted = opened_by.submitted if opened_by is not None else 0
         head: _HeadStart | None = None  # the next epoch's, once this one's tasks are all out
+        head_asked = False
         out = 0
 
         def top_up_head() -> None:
-            nonlocal head
-            if head is None:
-                head = loader._open_head_start(self.epoch + 1)
-                if head is None:
-                    head = _HeadStart(-1, -1, [])  # none this time: stop asking
-            loader._submit_head(head, held=len(pending))
+            nonlocal head, head_asked
+            if not head_asked:
+                head, head_asked = loader._open_head_start(self.epoch + 1), True
+            if head is not None:
+                loader._submit_head(head, held=len(pending))
 
         try:
             while out < n:

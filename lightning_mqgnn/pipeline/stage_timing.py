@@ -28,7 +28,9 @@ class StageTimingCallback(pl.Callback):
     ``batch_s`` runs from the previous batch's end (so waiting for data counts) to this one's.
     Every batch is recorded; only every ``log_every_n_steps``-th (default: the Trainer's) goes to
     the logger, and nothing without one: ``log_dict`` costs about 1 ms per key in the training
-    thread, which on a pipeline bound by compute is lost throughput. On CUDA the hooks synchronise the current stream (not the side stream) so forward/backward
+    thread, which on a pipeline bound by compute is lost throughput.
+
+    On CUDA the hooks synchronise the current stream (not the side stream) so forward/backward
     times are real, at the cost of a small stall; pass ``cuda_sync=False`` to avoid it.
     """
 

@@ -10,11 +10,12 @@ from torch import Tensor
 from lightning_mqgnn.sampling.batch import MiniBatch
 
 
-def segment_arange(counts: Tensor) -> Tensor:
-    """``[0..c0-1, 0..c1-1, ...]`` for segment lengths ``counts``."""
+def row_positions(starts: Tensor, counts: Tensor) -> Tensor:
+    """``cat([arange(s, s + c) for s, c in zip(starts, counts)])``: the CSR positions of whole
+    rows. One repeat: each segment is its output positions shifted by ``start - output start``."""
     total = int(counts.sum())
-    starts = torch.cumsum(counts, 0) - counts
-    return torch.arange(total) - torch.repeat_interleave(starts, counts, output_size=total)
+    shift = starts - (torch.cumsum(counts, 0) - counts)
+    return torch.arange(total) + torch.repeat_interleave(shift, counts, output_size=total)
 
 
 @runtime_checkable

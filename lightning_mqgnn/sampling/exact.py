@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
-from lightning_mqgnn.sampling.base import segment_arange
+from lightning_mqgnn.sampling.base import row_positions
 from lightning_mqgnn.sampling.batch import Block
 
 AGGREGATIONS = ("gcn", "mean")
@@ -41,7 +41,7 @@ def full_block(graph: CSRGraph, dst: Tensor, weights: Tensor, self_weights: Tens
     """
     starts, ends = graph.indptr[dst], graph.indptr[dst + 1]
     counts = ends - starts
-    edge_pos = torch.repeat_interleave(starts, counts) + segment_arange(counts)
+    edge_pos = row_positions(starts, counts)
     src = graph.indices[edge_pos]
     w = weights[edge_pos]
     has_self = bool((self_weights != 0).any())

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
-from lightning_mqgnn.sampling.base import Relabeler, segment_arange
+from lightning_mqgnn.sampling.base import Relabeler, row_positions
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm
 from lightning_mqgnn.sampling.neighbor import NeighborSampler, sample_neighbor_edges, sampled_block
@@ -318,8 +318,7 @@ def cached_edges(cache: GNSCache, dst: Tensor) -> CSRGraph:
     deg = cache.edge_indptr.index_select(0, dst + 1) - starts
     indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
     torch.cumsum(deg, 0, out=indptr[1:])
-    within = segment_arange(deg)
-    edge = torch.repeat_interleave(starts, deg, output_size=within.numel()) + within
+    edge = row_positions(starts, deg)
     return CSRGraph(indptr=indptr, indices=cache.edge_pos.index_select(0, edge), num_nodes=dst.numel())
 
 

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.sampling.base import row_positions
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.debias import debias_weights
 from lightning_mqgnn.sampling.exact import edge_weights
@@ -222,10 +223,8 @@ def laplacian_rows(graph: CSRGraph, prev: Tensor, edge_w: Tensor, self_w: Tensor
     loop per row. Vectorised, no boolean masks over the edges."""
     starts = graph.indptr[prev]
     deg = graph.indptr[prev + 1] - starts
-    total = int(deg.sum())
-    first = torch.cumsum(deg, 0) - deg  # where each row's entries start in the output
-    edge_pos = torch.arange(total) + torch.repeat_interleave(starts - first, deg, output_size=total)
-    rows = torch.repeat_interleave(torch.arange(prev.numel()), deg, output_size=total)
+    edge_pos = row_positions(starts, deg)
+    rows = torch.repeat_interleave(torch.arange(prev.numel()), deg, output_size=edge_pos.numel())
     return LaplacianRows(
         rows=torch.cat([rows, torch.arange(prev.numel())]),
         cols=torch.cat([graph.indices.index_select(0, edge_pos), prev]),

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
-from lightning_mqgnn.sampling.base import Relabeler, segment_arange
+from lightning_mqgnn.sampling.base import Relabeler, row_positions
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm
 
@@ -25,7 +25,7 @@ def sample_neighbor_edges(
     deg = graph.indptr.index_select(0, nodes + 1) - starts
     if fanout < 0:
         counts = deg
-        return counts, torch.repeat_interleave(starts, counts) + segment_arange(counts)
+        return counts, row_positions(starts, counts)
     if replace:
         counts = torch.where(deg > 0, torch.full_like(deg, fanout), torch.zeros_like(deg))
         rows = torch.repeat_interleave(torch.arange(nodes.numel()), counts)
@@ -37,9 +37,11 @@ def sample_neighbor_edges(
     # rows with at most `fanout` edges keep them all
     full = torch.nonzero(deg <= fanout).squeeze(1)
     fdeg = deg.index_select(0, full)
-    within = segment_arange(fdeg)
-    at = torch.repeat_interleave(out_start.index_select(0, full), fdeg, output_size=within.numel()) + within
-    out.index_copy_(0, at, torch.repeat_interleave(starts.index_select(0, full), fdeg) + within)
+    out.index_copy_(
+        0,
+        row_positions(out_start.index_select(0, full), fdeg),
+        row_positions(starts.index_select(0, full), fdeg),
+    )
     # the others: a uniform `fanout`-subset of their offsets, O(fanout) per row whatever the degree
     part = torch.nonzero(deg > fanout).squeeze(1)
     offsets = uniform_subsets(deg.index_select(0, part), fanout)
@@ -79,7 +81,7 @@ def sampled_block(
     if self_weights is None:
         indices, w = local, weights
     else:
-        nbr_pos = torch.repeat_interleave(indptr[:-1] + 1, counts) + segment_arange(counts)
+        nbr_pos = row_positions(indptr[:-1] + 1, counts)
         indices = torch.empty(int(indptr[-1]), dtype=torch.int64)
         w = torch.empty(int(indptr[-1]), dtype=torch.float64)
         indices[indptr[:-1]] = torch.arange(num_dst)
