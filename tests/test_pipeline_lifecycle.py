@@ -131,7 +131,10 @@ def test_worker_killed_mid_epoch_surfaces_within_seconds(ds):
     assert live_children() - before == set()
 
 
-def test_workers_exit_when_the_training_process_is_killed(tmp_path):
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_workers_exit_when_the_training_process_is_killed(tmp_path, start_method):
+    # forkserver workers are the server's children, not the trainer's: they notice its death
+    # through the server, which exits with the trainer
     script = tmp_path / "victim.py"
     script.write_text(
         textwrap.dedent(
@@ -142,7 +145,9 @@ def test_workers_exit_when_the_training_process_is_killed(tmp_path):
             from lightning_mqgnn.pipeline.workers import SamplerWorkerPool
             from lightning_mqgnn.sampling.neighbor import NeighborSampler
             ds = small_dataset(300)
-            pool = SamplerWorkerPool(NeighborSampler(ds.graph, [5]), ds.features, ds.labels, 2)
+            pool = SamplerWorkerPool(
+                NeighborSampler(ds.graph, [5]), ds.features, ds.labels, 2, start_method={start_method!r}
+            )
             pool.start()
             print(" ".join(map(str, pool.pids())), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

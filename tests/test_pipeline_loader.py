@@ -7,6 +7,8 @@ import torch
 from pipeline_helpers import SlowSampler, live_children, make_trainer, seeded_module, small_dataset
 
 from lightning_mqgnn.data import MQGNNDataModule, SequentialLoader
+from lightning_mqgnn.pipeline.produce import produce_batch
+from lightning_mqgnn.pipeline.workers import SamplerWorkerPool
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 
@@ -88,6 +90,36 @@ def test_reused_slots_never_overwrite_a_batch_still_held(ds):
     assert in_slots >= 1  # some batches really travelled in slots while others were held
     assert free_while_holding == arena.max_slots - in_slots  # streaming reused the freed slots only
     assert free_after == arena.max_slots
+
+
+def test_workers_fill_regrown_slots_and_tasks_name_held_slots_by_number(ds):
+    """A slot's tensor goes to a worker once per allocation; later tasks send only its number.
+    Batches that outgrow the slots make the arena reallocate them, and the workers must then
+    write into the new ones: every batch must still equal the one made in this process."""
+    sampler = NeighborSampler(ds.graph, [5, 5])
+    pool = SamplerWorkerPool(sampler, ds.features, ds.labels, num_workers=2, max_slots=3)
+    sizes = [16] * 12 + [128] * 12 + [16] * 12  # the jump to 128 seeds outgrows every slot
+    pool.start()
+    try:
+        for index, size in enumerate(sizes):
+            seeds = ds.train_idx[index : index + size]
+            pool.submit(0, index, seeds, rng_seed=index)
+            if pool.in_flight == 2 or index == len(sizes) - 1:
+                while pool.in_flight:
+                    got = pool.get(timeout=30).batch
+                    i = got.meta["index"]
+                    want = produce_batch(
+                        sampler, ds.train_idx[i : i + sizes[i]], ds.features, ds.labels, i, i
+                    )
+                    assert torch.equal(got.input_nodes, want.input_nodes)
+                    assert torch.equal(got.features, want.features)
+                    assert torch.equal(got.blocks[0].indices, want.blocks[0].indices)
+                    del got
+    finally:
+        pool.stop()
+    assert pool.arena.fallbacks >= 1  # a batch did outgrow its slot
+    # at most one send per (worker, slot, allocation): 2 x 3 x 2, far fewer than the tasks
+    assert 1 <= pool.slot_sends <= 12 < len(sizes)
 
 
 def test_bad_loader_arguments_name_the_field(ds):

@@ -152,11 +152,13 @@ class SlotArena:
         self.max_slots = max_slots
         self.slot_bytes = 0  # 0 until a batch size was seen: no slots before that
         self._slots: list[Tensor | None] = [None] * max_slots
+        self._versions = [0] * max_slots
         self._free = list(range(max_slots))
         self._lock = threading.Lock()
         self.fallbacks = 0  # batches that did not fit their slot
 
-    def acquire(self) -> tuple[int, Tensor] | None:
+    def acquire(self) -> tuple[int, int, Tensor] | None:
+        """``(slot id, version, slot)``; the version changes whenever the slot is reallocated."""
         with self._lock:
             if self.slot_bytes == 0 or not self._free:
                 return None
@@ -166,7 +168,8 @@ class SlotArena:
                 slot = shared_bytes(self.slot_bytes)
                 slot.fill_(0)  # fault every page in now, not while a worker fills it
                 self._slots[i] = slot
-            return i, slot
+                self._versions[i] += 1
+            return i, self._versions[i], slot
 
     def observe(self, nbytes: int, slot_id: int = -1) -> None:
         """A batch of ``nbytes`` came back; if it was lent ``slot_id`` but did not use it, the
