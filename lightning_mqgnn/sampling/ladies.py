@@ -71,7 +71,7 @@ class LADIESSampler(LayerwiseSampler):
         if not sweep:
             acc.index_fill_(0, cols, 0.0)
         self._acc_dirty = sweep
-        return sq / col_mass.sqrt_().to(torch.float64)
+        return sq * col_mass.rsqrt_()  # float64 result: the product promotes, no separate cast
 
     def accumulator(self) -> Tensor:
         """The float32 [N] scratch of ``_flat_entry_weights`` (its only user), reused."""
