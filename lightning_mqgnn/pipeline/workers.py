@@ -221,9 +221,10 @@ class SamplerWorkerPool:
 
     ``submit`` and ``get`` are called from one thread (the transfer thread); ``stop`` from any.
     ``in_flight`` counts submitted tasks whose result has not been taken yet, which is what
-    bounds the CPU queue; a task goes to the worker with the fewest in flight. Up to ``max_slots`` reusable shared-memory slots (``SlotArena``) are
-    lent with the tasks; size it to the batches alive at once (CPU queue + device queue + the
-    ones training holds), beyond that batches use fresh segments.
+    bounds the CPU queue; a task goes to the worker with the fewest in flight. Up to
+    ``max_slots`` reusable shared-memory slots (``SlotArena``) are lent with the tasks; size it
+    to the batches alive at once (CPU queue + device queue + the ones training holds), beyond
+    that batches use fresh segments.
     """
 
     def __init__(
