@@ -11,6 +11,7 @@ from lightning_mqgnn.models import NodeClassifier
 from lightning_mqgnn.pipeline.queue_size import device_memory
 from lightning_mqgnn.pipeline.stage_timing import StageTimingCallback
 from lightning_mqgnn.pipeline.transfer import DeviceMover
+from lightning_mqgnn.pipeline.workers import SamplerWorkerPool
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 pytestmark = pytest.mark.gpu
@@ -50,6 +51,29 @@ def test_pipeline_delivers_device_batches_equal_to_the_sequential_ones(ds):
     for a, b in zip(SequentialLoader(seq), got):
         assert b.features.is_cuda
         assert torch.equal(a.features, b.features.cpu()) and torch.equal(a.input_nodes, b.input_nodes.cpu())
+
+
+def test_slots_are_page_locked_so_batches_go_to_the_gpu_without_a_staging_copy(ds):
+    sampler = NeighborSampler(ds.graph, [5, 5])
+    pool = SamplerWorkerPool(sampler, ds.features, ds.labels, num_workers=1, max_slots=2, pin_slots=True)
+    mover = DeviceMover("cuda")
+    pool.start()
+    try:
+        for index in range(4):  # the first batch sizes the slots; the same batch then fits them
+            pool.submit(0, index, ds.train_idx[:64], rng_seed=0)
+            cpu = pool.get(timeout=30).batch
+            if index == 0:
+                continue
+            assert cpu.features.is_pinned()
+            assert cpu.pin_memory().features.data_ptr() == cpu.features.data_ptr()  # no copy
+            dev, event = mover.to_device(cpu)
+            dev = mover.hand_over(dev, event)
+            torch.cuda.current_stream().synchronize()
+            assert torch.equal(dev.features.cpu(), cpu.features)
+            del cpu
+    finally:
+        pool.stop()
+    assert pool.arena.pinned >= 1
 
 
 def test_memory_cap_inputs_come_from_the_device():

@@ -97,7 +97,8 @@ def test_workers_fill_regrown_slots_and_tasks_name_held_slots_by_number(ds):
     Batches that outgrow the slots make the arena reallocate them, and the workers must then
     write into the new ones: every batch must still equal the one made in this process."""
     sampler = NeighborSampler(ds.graph, [5, 5])
-    pool = SamplerWorkerPool(sampler, ds.features, ds.labels, num_workers=2, max_slots=3)
+    # pin_slots without CUDA: the slots stay plain shared memory and everything else holds
+    pool = SamplerWorkerPool(sampler, ds.features, ds.labels, num_workers=2, max_slots=3, pin_slots=True)
     sizes = [16] * 12 + [128] * 12 + [16] * 12  # the jump to 128 seeds outgrows every slot
     pool.start()
     try:
@@ -118,6 +119,7 @@ def test_workers_fill_regrown_slots_and_tasks_name_held_slots_by_number(ds):
     finally:
         pool.stop()
     assert pool.arena.fallbacks >= 1  # a batch did outgrow its slot
+    assert pool.arena.pinned == 0 if not torch.cuda.is_available() else pool.arena.pinned >= 1
     # at most one send per (worker, slot, allocation): 2 x 3 x 2, far fewer than the tasks
     assert 1 <= pool.slot_sends <= 12 < len(sizes)
 

@@ -127,6 +127,7 @@ class PipelinedLoader:
                 worker_threads=self.worker_threads,
                 # batches alive at once: CPU queue, device queue, and a few held by the trainer
                 max_slots=self.cpu_capacity + (self.fixed_q or SLOTS_FOR_AUTO_Q) + 4,
+                pin_slots=self.mover.cuda,  # the CPU queue in page-locked memory
             )
             if self.pool.start_method != "fork":
                 ds.share_memory_()  # once: spawned workers then map the graph instead of unpickling copies
@@ -283,7 +284,9 @@ class _EpochRun:
                 t0 = time.perf_counter()
                 dev, event = mover.to_device(batch)
                 if event is not None:
-                    event.synchronize()  # only this thread waits (to time the copy); compute never does
+                    # only this thread waits (to time the copy); compute never does. The copy reads
+                    # a page-locked slot in place, and the slot is lent again once `batch` is gone
+                    event.synchronize()
                 transfer_s = time.perf_counter() - t0
                 dev.meta.update(
                     transfer_s=transfer_s, cpu_queue_depth=cpu_depth, batch_bytes=batch_nbytes(dev)

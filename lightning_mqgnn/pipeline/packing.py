@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_mqgnn.pipeline.transfer import pin_in_place
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 
 _ALIGN = 64
@@ -148,8 +149,10 @@ class SlotArena:
     callback that keeps it). Thread-safe: release runs in whichever thread drops the last view.
     """
 
-    def __init__(self, max_slots: int):
+    def __init__(self, max_slots: int, pin: bool = False):
         self.max_slots = max_slots
+        self.pin = pin  # page-lock each slot for CUDA copies straight from it (``pin_in_place``)
+        self.pinned = 0  # slots page-locked so far
         self.slot_bytes = 0  # 0 until a batch size was seen: no slots before that
         self._slots: list[Tensor | None] = [None] * max_slots
         self._versions = [0] * max_slots
@@ -167,6 +170,8 @@ class SlotArena:
             if slot is None or slot.numel() < self.slot_bytes:
                 slot = shared_bytes(self.slot_bytes)
                 slot.fill_(0)  # fault every page in now, not while a worker fills it
+                if self.pin and pin_in_place(slot):
+                    self.pinned += 1
                 self._slots[i] = slot
                 self._versions[i] += 1
             return i, self._versions[i], slot

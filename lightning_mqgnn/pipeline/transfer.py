@@ -1,12 +1,16 @@
 """Host-to-device transfer on a side CUDA stream with an explicit hand-off (paper Fig. 1, stage 4).
 
 Producer side (transfer thread): pin, copy with ``non_blocking`` on the side stream, merge cached
-feature rows on the device, record an event. Consumer side (training thread): make the current
+feature rows on the device, record an event. Batches in the trainer's slots are already in
+page-locked memory (``pin_in_place``), so pinning them copies nothing; only batches in fresh
+segments are staged through pinned memory. Consumer side (training thread): make the current
 stream wait on that event and ``record_stream`` every tensor, so the caching allocator never
 reuses their memory while the compute stream may still read it. On CPU both sides are no-ops.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import Tensor
@@ -24,6 +28,22 @@ def batch_nbytes(batch: MiniBatch) -> int:
         for t in (b.indptr, b.indices, b.weights):
             total += t.numel() * t.element_size()
     return total
+
+
+def pin_in_place(t: Tensor) -> bool:
+    """Page-lock ``t``'s host memory where it lies (``cudaHostRegister``), so a copy to the GPU
+    reads it directly instead of first copying it into a pinned staging buffer. Undone when ``t``
+    is collected. False, and nothing changed, without CUDA or if the driver refuses."""
+    if not torch.cuda.is_available() or t.is_cuda or t.numel() == 0:
+        return False
+    cudart = torch.cuda.cudart()
+    ptr = t.data_ptr()
+    if int(cudart.cudaHostRegister(ptr, t.numel() * t.element_size(), 1)) != 0:  # 1: portable
+        if hasattr(cudart, "cudaGetLastError"):
+            cudart.cudaGetLastError()  # do not leave the failure for the next kernel launch to report
+        return False
+    weakref.finalize(t, cudart.cudaHostUnregister, ptr)
+    return True
 
 
 class DeviceMover:

@@ -224,7 +224,7 @@ class SamplerWorkerPool:
     bounds the CPU queue; a task goes to the worker with the fewest in flight. Up to
     ``max_slots`` reusable shared-memory slots (``SlotArena``) are lent with the tasks; size it
     to the batches alive at once (CPU queue + device queue + the ones training holds), beyond
-    that batches use fresh segments.
+    that batches use fresh segments. ``pin_slots``: page-lock the slots for CUDA copies.
     """
 
     def __init__(
@@ -237,6 +237,7 @@ class SamplerWorkerPool:
         start_method: str = "auto",
         worker_threads: int = 1,
         max_slots: int = 0,
+        pin_slots: bool = False,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -250,7 +251,7 @@ class SamplerWorkerPool:
         self.start_method = choose_start_method(start_method, worker_threads)
         self.worker_threads = worker_threads
         self.in_flight = 0
-        self.arena = SlotArena(max_slots)  # max_slots=0: every batch in a fresh segment
+        self.arena = SlotArena(max_slots, pin=pin_slots)  # max_slots=0: every batch in a fresh segment
         self.procs: list = []
         self._tasks: list = []  # one queue per worker
         self._results = None
