@@ -124,6 +124,22 @@ def test_workers_fill_regrown_slots_and_tasks_name_held_slots_by_number(ds):
     assert 1 <= pool.slot_sends <= 12 < len(sizes)
 
 
+def test_the_first_tasks_already_get_slots(ds):
+    # one batch sampled in the trainer at start sizes the slots, so the tasks sent before any
+    # result came back do not each need a fresh shared-memory segment
+    dm = MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64, mode="pipeline", num_workers=2, cpu_queue_size=6
+    )
+    loader = dm.train_dataloader()
+    try:
+        n = len(list(loader))
+        pool = loader.pool
+    finally:
+        dm.shutdown_pipeline()
+    assert n > 6 and pool.arena.slot_bytes > 0
+    assert pool.tasks_without_slot == 0
+
+
 def test_bad_loader_arguments_name_the_field(ds):
     s = NeighborSampler(ds.graph, [5])
     with pytest.raises(ValueError, match="mode"):

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.pipeline.device_queue import DeviceQueue
+from lightning_mqgnn.pipeline.produce import sample_batch
 from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize, QueueSizeEstimate
 from lightning_mqgnn.pipeline.schedule import batch_rng_seed
 from lightning_mqgnn.pipeline.transfer import DeviceMover, batch_nbytes
@@ -131,8 +132,20 @@ class PipelinedLoader:
             )
             if self.pool.start_method != "fork":
                 ds.share_memory_()  # once: spawned workers then map the graph instead of unpickling copies
+            if cache is None:  # (with a cache, the rows to gather depend on the draw of each epoch)
+                self._size_slots()
             self.pool.start()
         return self.pool
+
+    def _size_slots(self) -> None:
+        """Sample the coming epoch's first batch here, once, so the first tasks already get slots."""
+        epoch = self.dm.current_epoch()
+        seeds = self.dm.epoch_seeds(epoch)
+        if not seeds:
+            return
+        with torch.random.fork_rng(devices=[]):  # the model's random stream stays untouched
+            probe = sample_batch(self.dm.sampler, seeds[0], batch_rng_seed(self.dm.seed, epoch, 0), 0)
+        self.pool.size_slots(probe)
 
     def __iter__(self) -> Iterator[MiniBatch]:
         """A new epoch; it starts at its first ``next()`` (Lightning also calls ``iter()`` once

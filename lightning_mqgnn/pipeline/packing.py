@@ -94,14 +94,8 @@ def _view(buffer: Tensor, entry) -> Tensor | None:
     return buffer[off : off + _nbytes(dtype, shape)].view(dtype).view(shape)
 
 
-def pack_batch(
-    batch: MiniBatch,
-    gathers: dict[str, RowGather] | None = None,
-    slot: Tensor | None = None,
-    slot_id: int = -1,
-) -> PackedBatch:
-    """Lay out every tensor of ``batch`` (and the ``gathers``, e.g. ``features``) in one buffer:
-    ``slot`` when it is big enough, else a fresh shared segment."""
+def _layout(batch: MiniBatch, gathers: dict[str, RowGather] | None) -> tuple[list, dict, int]:
+    """``(named tensors, layout, total bytes)`` of ``batch`` packed with ``gathers``."""
     gathers = gathers or {}
     named = [(name, gathers.get(name, t)) for name, t in _named_tensors(batch)]
     layout: dict = {}
@@ -112,7 +106,23 @@ def pack_batch(
             continue
         layout[name] = (t.dtype, tuple(t.shape), offset)
         offset += -(-_nbytes(t.dtype, tuple(t.shape)) // _ALIGN) * _ALIGN
-    nbytes = max(offset, _ALIGN)
+    return named, layout, max(offset, _ALIGN)
+
+
+def packed_nbytes(batch: MiniBatch, gathers: dict[str, RowGather] | None = None) -> int:
+    """Bytes ``pack_batch`` would use for ``batch``, without packing it."""
+    return _layout(batch, gathers)[2]
+
+
+def pack_batch(
+    batch: MiniBatch,
+    gathers: dict[str, RowGather] | None = None,
+    slot: Tensor | None = None,
+    slot_id: int = -1,
+) -> PackedBatch:
+    """Lay out every tensor of ``batch`` (and the ``gathers``, e.g. ``features``) in one buffer:
+    ``slot`` when it is big enough, else a fresh shared segment."""
+    named, layout, nbytes = _layout(batch, gathers)
     in_slot = slot is not None and slot.numel() >= nbytes
     buffer = slot if in_slot else shared_bytes(nbytes)
     for name, t in named:

@@ -37,7 +37,14 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from lightning_mqgnn.pipeline.gather import feature_rows
-from lightning_mqgnn.pipeline.packing import PackedBatch, RowGather, SlotArena, pack_batch, unpack_batch
+from lightning_mqgnn.pipeline.packing import (
+    PackedBatch,
+    RowGather,
+    SlotArena,
+    pack_batch,
+    packed_nbytes,
+    unpack_batch,
+)
 from lightning_mqgnn.pipeline.produce import sample_batch
 from lightning_mqgnn.sampling.base import Sampler
 from lightning_mqgnn.sampling.batch import MiniBatch
@@ -114,6 +121,16 @@ def choose_start_method(start_method: str = "auto", worker_threads: int = 1) -> 
     return "fork" if worker_threads == 1 else "forkserver"
 
 
+def batch_gathers(
+    batch: MiniBatch, features: Tensor, labels: Tensor, cache_slot: Tensor | None
+) -> dict[str, RowGather]:
+    """The rows a worker gathers into the packed batch: uncached features and the labels."""
+    return {
+        "features": RowGather(features, feature_rows(batch, cache_slot)),
+        "labels": RowGather(labels, batch.output_nodes),
+    }
+
+
 def _parent_gone(ppid: int) -> bool:
     """The process that started this worker is gone: the parent changed (fork, spawn: the trainer;
     forkserver: the server, which exits with the trainer), or the parent's sentinel pipe closed."""
@@ -163,10 +180,7 @@ def _worker_main(
             batch = sample_batch(sampler, torch.from_numpy(seeds), rng_seed, index)
             t0 = time.perf_counter()
             # gather the rows straight into the lent slot (or a fresh segment): no extra copy
-            gathers = {
-                "features": RowGather(features, feature_rows(batch, cache_slot)),
-                "labels": RowGather(labels, batch.output_nodes),
-            }
+            gathers = batch_gathers(batch, features, labels, cache_slot)
             batch.meta["worker"] = worker_id
             packed = pack_batch(batch, gathers, slot, slot_id)
             batch.meta["gather_s"] = time.perf_counter() - t0
@@ -258,11 +272,21 @@ class SamplerWorkerPool:
         self._in_flight_per: list[int] = []
         self._slots_sent: list[dict[int, int]] = []  # per worker: slot id -> version it holds
         self.slot_sends = 0  # tasks that carried a slot's tensor; the others named a held slot
+        self.tasks_without_slot = 0  # slots unsized or all lent: the batch goes in a fresh segment
         self._finalizer = None
 
     @property
     def running(self) -> bool:
         return bool(self.procs)
+
+    def size_slots(self, probe: MiniBatch) -> None:
+        """Size the slots from ``probe``, a batch sampled here, before any result came back:
+        else the first tasks (up to the CPU queue's capacity, 2K by default) each go out in a fresh
+        segment, whose creation and unmapping (~5 ms, on the training thread) cost per batch."""
+        if self.arena.slot_bytes == 0:
+            self.arena.observe(
+                packed_nbytes(probe, batch_gathers(probe, self.features, self.labels, self.cache_slot))
+            )
 
     def start(self) -> None:
         if self.procs:
@@ -300,7 +324,9 @@ class SamplerWorkerPool:
         worker = min(range(self.num_workers), key=self._in_flight_per.__getitem__)
         lent = self.arena.acquire()
         slot_id, slot = -1, None
-        if lent is not None:
+        if lent is None:
+            self.tasks_without_slot += 1
+        else:
             slot_id, version, slot = lent
             if self._slots_sent[worker].get(slot_id) == version:
                 slot = None  # the worker holds this slot already: send its number only
