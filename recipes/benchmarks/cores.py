@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
+
+from benchmarks._report import machine_header, write_report
 
 
 def spin(steps: int) -> float:
@@ -71,8 +73,6 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--out", type=str, default=None)
     args = ap.parse_args(argv)
     lines = [
-        f"# python recipes/bench.py cores --rounds {args.rounds}; {os.cpu_count()} cores; "
-        f"load avg {tuple(round(x, 2) for x in os.getloadavg())}",
         "| loop | round | solo (s) | side by side (s, each) | slowdown |",
         "|---|---|---|---|---|",
     ]
@@ -86,12 +86,8 @@ def main(argv: list[str] | None = None) -> str:
                 f"| {name} | {r + 1} | {solo:.2f} | {', '.join(f'{t:.2f}' for t in pair)} | {ratios[-1]:.2f}x |"
             )
         lines.append(f"| {name} | median | | | **{statistics.median(ratios):.2f}x** |")
-    text = "\n".join(lines)
-    print(text, flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    return text
+    out = Path(args.out) if args.out else None
+    return write_report("Two busy processes side by side", machine_header("cores", argv), lines, out)
 
 
 if __name__ == "__main__":
