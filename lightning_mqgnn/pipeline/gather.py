@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from lightning_mqgnn.pipeline.packing import RowGather
 from lightning_mqgnn.sampling.batch import MiniBatch
 
 
@@ -21,8 +22,19 @@ def feature_rows(batch: MiniBatch, cache_slot: Tensor | None = None) -> Tensor:
     return batch.input_nodes[slots < 0]
 
 
+def batch_gathers(
+    batch: MiniBatch, features: Tensor, labels: Tensor, cache_slot: Tensor | None = None
+) -> dict[str, RowGather]:
+    """The rows gathered into ``batch``: ``features`` of ``feature_rows`` and the seeds' ``labels``.
+    Workers write them straight into the packed batch; ``gather`` attaches them in place."""
+    return {
+        "features": RowGather(features, feature_rows(batch, cache_slot)),
+        "labels": RowGather(labels, batch.output_nodes),
+    }
+
+
 def gather(batch: MiniBatch, features: Tensor, labels: Tensor, cache_slot: Tensor | None = None) -> MiniBatch:
     """Fill ``batch.features`` (the rows of ``feature_rows``) and ``batch.labels``."""
-    batch.labels = labels.index_select(0, batch.output_nodes)
-    batch.features = features.index_select(0, feature_rows(batch, cache_slot))
+    for name, rows in batch_gathers(batch, features, labels, cache_slot).items():
+        setattr(batch, name, rows.source.index_select(0, rows.rows))
     return batch

@@ -36,15 +36,8 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from lightning_mqgnn.pipeline.gather import feature_rows
-from lightning_mqgnn.pipeline.packing import (
-    PackedBatch,
-    RowGather,
-    SlotArena,
-    pack_batch,
-    packed_nbytes,
-    unpack_batch,
-)
+from lightning_mqgnn.pipeline.gather import batch_gathers
+from lightning_mqgnn.pipeline.packing import PackedBatch, SlotArena, pack_batch, packed_nbytes, unpack_batch
 from lightning_mqgnn.pipeline.produce import sample_batch
 from lightning_mqgnn.sampling.base import Sampler
 from lightning_mqgnn.sampling.batch import MiniBatch
@@ -119,16 +112,6 @@ def choose_start_method(start_method: str = "auto", worker_threads: int = 1) -> 
     if not sys.platform.startswith("linux"):
         return "spawn"
     return "fork" if worker_threads == 1 else "forkserver"
-
-
-def batch_gathers(
-    batch: MiniBatch, features: Tensor, labels: Tensor, cache_slot: Tensor | None
-) -> dict[str, RowGather]:
-    """The rows a worker gathers into the packed batch: uncached features and the labels."""
-    return {
-        "features": RowGather(features, feature_rows(batch, cache_slot)),
-        "labels": RowGather(labels, batch.output_nodes),
-    }
 
 
 def _parent_gone(ppid: int) -> bool:
@@ -264,7 +247,6 @@ class SamplerWorkerPool:
         self.num_workers = num_workers
         self.start_method = choose_start_method(start_method, worker_threads)
         self.worker_threads = worker_threads
-        self.in_flight = 0
         self.arena = SlotArena(max_slots, pin=pin_slots)  # max_slots=0: every batch in a fresh segment
         self.procs: list = []
         self._tasks: list = []  # one queue per worker
@@ -279,10 +261,14 @@ class SamplerWorkerPool:
     def running(self) -> bool:
         return bool(self.procs)
 
+    @property
+    def in_flight(self) -> int:
+        return sum(self._in_flight_per)
+
     def size_slots(self, probe: MiniBatch) -> None:
         """Size the slots from ``probe``, a batch sampled here, before any result came back:
         else the first tasks (up to the CPU queue's capacity, 2K by default) each go out in a fresh
-        segment, whose creation and unmapping (~5 ms, on the training thread) cost per batch."""
+        segment: ~25 ms a batch measured, its unmapping (~5 ms) on the training thread."""
         if self.arena.slot_bytes == 0:
             self.arena.observe(
                 packed_nbytes(probe, batch_gathers(probe, self.features, self.labels, self.cache_slot))
@@ -336,7 +322,6 @@ class SamplerWorkerPool:
         seeds_np = np.ascontiguousarray(seeds.numpy())
         self._tasks[worker].put((generation, index, seeds_np, rng_seed, slot_id, slot))
         self._in_flight_per[worker] += 1
-        self.in_flight += 1
 
     def get(self, timeout: float) -> WorkerResult:
         """Next result in completion order; raises ``WorkerError`` if a worker failed or died,
@@ -351,7 +336,6 @@ class SamplerWorkerPool:
             time.sleep(_POLL_S)
             self.check_alive()
             raise
-        self.in_flight -= 1
         self._in_flight_per[result.worker] -= 1
         if result.error is not None:
             if result.slot >= 0:
@@ -393,8 +377,7 @@ class SamplerWorkerPool:
             q.cancel_join_thread()  # never block interpreter exit on an unread queue
             q.close()
         self.procs = []
-        self.in_flight = 0
-        self._tasks, self._results = [], None
+        self._tasks, self._results, self._in_flight_per = [], None, []
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
