@@ -5,9 +5,9 @@
   sequential (sample → gather → compute, no overlap) | pipeline, fixed Q | pipeline, adaptive Q.
 Reports epoch time, trimmed batch time (first and last 20 dropped), time the training loop
 waited for data, and peak memory of the process tree (PSS: shared pages counted once). With
-``--epochs E > 1`` the epoch time is the mean of epochs 2..E and the first epoch, which also
-starts the workers (fork, first touch of the shared graph and features), is shown beside it;
-per-epoch stage times are totals / E. The
+``--epochs E > 1`` the epoch time and the stage times are means over epochs 2..E, and the first
+epoch, which also starts the workers (fork, first touch of the shared graph and features), is
+shown beside them. The
 trainer process runs with one torch thread and the pipeline with K workers (default 1: on two
 cores one samples while the other computes). Overlap target: pipeline epoch time
 <= 1.15 x max(sequential sample+gather time / K, sequential compute time).
