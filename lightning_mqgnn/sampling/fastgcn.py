@@ -16,6 +16,7 @@ from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.layerwise import (
     LaplacianRows,
     LayerDistribution,
+    LayerDraw,
     LayerwiseSampler,
     RowEntries,
     normalise,
@@ -51,8 +52,8 @@ class FastGCNSampler(LayerwiseSampler):
     def layer_distribution(self, prev: Tensor, lap: LaplacianRows) -> LayerDistribution:
         return self._dist
 
-    def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> LayerDraw:
         """Draws need no rows of ``L`` (the distribution is global): only the block does."""
         d = self._dist
         chosen = successive_sample(d.p, s, nnz=d.nnz, last=d.last, slot=self.scratch(), table=self._table)
-        return chosen, d.p.index_select(0, chosen), *self.kept_entries(chosen, rows.cols)
+        return self.keep(prev, rows, chosen, d.p.index_select(0, chosen))

@@ -15,9 +15,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lightning_mqgnn.graph.huge_pages import advise_huge_pages
 from lightning_mqgnn.sampling.layerwise import (
     LaplacianRows,
     LayerDistribution,
+    LayerDraw,
     LayerwiseSampler,
     RowEntries,
     normalise,
@@ -32,8 +34,7 @@ _SWEEP_RATIO = 32
 class LADIESSampler(LayerwiseSampler):
     """LADIES / +flat / +debias / +flat+debias; ``samples`` input layer first."""
 
-    _acc: Tensor | None = None
-    _acc_dirty = False  # whether _acc holds the last layer's sums (cleared by the next sweep)
+    _acc: Tensor | None = None  # float32 [N], all zero between layers
 
     def layer_distribution(self, prev: Tensor, lap: LaplacianRows) -> LayerDistribution:
         support, inverse = self._distinct(lap.cols)
@@ -45,52 +46,51 @@ class LADIESSampler(LayerwiseSampler):
         # every support entry has mass: squares of positive L entries (no O(support) recount)
         return LayerDistribution(support=support, p=p, nnz=support.numel(), last=support.numel() - 1)
 
-    def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        num_nb = rows.edge_pos.numel()
-        sq = torch.empty(rows.cols.numel(), dtype=torch.float64)
-        sq[:num_nb] = self._edge_w.index_select(0, rows.edge_pos)
-        sq[num_nb:] = self._self_w.index_select(0, prev)
-        sq.square_()  # L_ij² of every entry (eq. 7), exact in float64 from the float32 L
+    def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> LayerDraw:
+        values = self.entry_values(prev, rows)
+        sq = values.square()  # L_ij² of every entry (eq. 7)
         if 4 * s > sq.numel():  # few entries: a large share of the support, the exact per-column form
-            return self._draw_by_columns(rows.cols, sq, s, prev.numel())
-        weights = self._flat_entry_weights(rows.cols, sq) if self.flat else sq
-        return self._draw_by_entries(rows.cols, sq, weights, s, prev.numel())
+            return self._draw_by_columns(rows.cols, sq, values, s, prev.numel())
+        if self.flat:
+            return self._draw_flat(rows.cols, sq, values, s, prev.numel())
+        return self._draw_by_entries(rows.cols, sq, values, s, prev.numel())
+
+    def _draw_flat(self, cols: Tensor, sq: Tensor, values: Tensor, s: int, num_rows: int) -> LayerDraw:
+        """``_draw_by_entries`` with entry weights whose column sums are ``sqrt(π_j)`` (eq. 10)."""
+        return self._draw_by_entries(cols, sq, values, s, num_rows, self._flat_entry_weights(cols, sq))
 
     def _flat_entry_weights(self, cols: Tensor, sq: Tensor) -> Tensor:
-        """``L_ij² / sqrt(π_j)``: entry weights whose column sums are ``sqrt(π_j)`` (eq. 10).
-
-        π_j is summed in float32 (relative error ~1e-7, far below the sampling noise): the
-        random-access passes over the N-long accumulator are the cost here, and half the bytes
-        keep more of it in cache."""
+        """``L_ij² / sqrt(π_j)`` (float32), π_j summed in the float32 [N] accumulator (all zero
+        again on return): the random-access passes over it are the cost here, and 4-byte sums keep
+        more of it in cache (relative error ~1e-7, far below the sampling noise)."""
         acc = self.accumulator()
-        sweep = acc.numel() <= _SWEEP_RATIO * cols.numel()
-        if sweep or self._acc_dirty:  # a sequential clear also brings the array into cache
+        acc.scatter_add_(0, cols, sq)  # π_j of eq. 7 (faster than index_add_ here)
+        weights = sq * acc.index_select(0, cols).rsqrt_()
+        if acc.numel() <= _SWEEP_RATIO * cols.numel():
             acc.zero_()
-        acc.scatter_add_(0, cols, sq.to(torch.float32))  # π_j of eq. 7 (faster than index_add_ here)
-        col_mass = acc.index_select(0, cols)
-        if not sweep:
+        else:
             acc.index_fill_(0, cols, 0.0)
-        self._acc_dirty = sweep
-        return sq * col_mass.rsqrt_()  # float64 result: the product promotes, no separate cast
+        return weights
 
     def accumulator(self) -> Tensor:
         """The float32 [N] scratch of ``_flat_entry_weights`` (its only user), reused."""
         if self._acc is None:
             self._acc = torch.zeros(self.graph.num_nodes, dtype=torch.float32)
+            advise_huge_pages(self._acc)
         return self._acc
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        state["_acc"], state["_acc_dirty"] = None, False  # per-process scratch, rebuilt on first use
+        state["_acc"] = None  # per-process scratch, rebuilt on first use
         return state
 
     def _draw_by_columns(
-        self, cols: Tensor, sq: Tensor, s: int, num_rows: int, drawn: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        self, cols: Tensor, sq: Tensor, values: Tensor, s: int, num_rows: int, drawn: Tensor | None = None
+    ) -> LayerDraw:
         """Sum ``L_ij²`` per distinct column (eq. 7), take the root with ``flat`` (eq. 10), draw;
         with ``drawn`` (global ids already drawn, in order) continue that successive sample."""
         support, inverse = self._distinct(cols)
-        pi = torch.zeros(support.numel(), dtype=torch.float64).scatter_add_(0, inverse, sq)
+        pi = torch.zeros(support.numel(), dtype=torch.float64).scatter_add_(0, inverse, sq.to(torch.float64))
         if self.flat:
             pi.sqrt_()
         p = normalise(pi, f"LADIES layer over {num_rows} rows")
@@ -103,13 +103,21 @@ class LADIESSampler(LayerwiseSampler):
         rank[pos] = torch.arange(pos.numel())
         local = rank.gather(0, inverse)
         kept = (local >= 0).nonzero().squeeze(1)
-        return support.index_select(0, pos), p.index_select(0, pos), kept, local.index_select(0, kept)
+        return LayerDraw(
+            support.index_select(0, pos),
+            p.index_select(0, pos),
+            kept,
+            local.index_select(0, kept),
+            values[kept],
+        )
 
     def _draw_by_entries(
-        self, cols: Tensor, sq: Tensor, weights: Tensor, s: int, num_rows: int
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Successive draws of columns from entries drawn ∝ ``weights`` (column sums ∝ ``p``)."""
-        cdf = torch.cumsum(weights, 0)
+        self, cols: Tensor, sq: Tensor, values: Tensor, s: int, num_rows: int, weights: Tensor | None = None
+    ) -> LayerDraw:
+        """Successive draws of columns from entries drawn ∝ ``weights`` (default ``sq``), whose
+        column sums are ∝ ``p``: the column probabilities are the kept entries' weight sums."""
+        weights = sq if weights is None else weights
+        cdf = torch.cumsum(weights, 0, dtype=torch.float64)
         total = cdf[-1]
         if not bool(total > 0):
             raise ValueError(f"LADIES layer over {num_rows} rows: sampling distribution has no positive mass")
@@ -121,10 +129,11 @@ class LADIESSampler(LayerwiseSampler):
 
         chosen = rejection_draws(draw, s, self.scratch())
         if chosen.numel() < s:  # stalled (few distinct columns): continue exactly, per column
-            return self._draw_by_columns(cols, sq, s, num_rows, drawn=chosen)
+            return self._draw_by_columns(cols, sq, values, s, num_rows, drawn=chosen)
         kept, local = self.kept_entries(chosen, cols)
-        mass = torch.zeros(s, dtype=torch.float64).scatter_add_(0, local, weights.index_select(0, kept))
-        return chosen, mass / total, kept, local
+        mass = torch.zeros(s, dtype=torch.float64)
+        mass.scatter_add_(0, local, weights.index_select(0, kept).to(torch.float64))
+        return LayerDraw(chosen, mass / total, kept, local, values.index_select(0, kept))
 
     def _distinct(self, cols: Tensor) -> tuple[Tensor, Tensor]:
         """``(support, inverse)`` with ``support[inverse] == cols``, via the scratch array.

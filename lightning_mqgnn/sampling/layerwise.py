@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.graph.huge_pages import advise_huge_pages
 from lightning_mqgnn.sampling.base import row_positions
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.debias import debias_weights
@@ -69,6 +70,7 @@ class LayerwiseSampler:
         self.flat = bool(flat)
         self.debias = bool(debias)
         self._edge_w, self._self_w = edge_weights(graph, "gcn")  # L's off-diagonal and diagonal
+        advise_huge_pages(self._edge_w, self._self_w)
         self._scratch: Tensor | None = None
         self._bitmap: Tensor | None = None
 
@@ -81,6 +83,7 @@ class LayerwiseSampler:
         """An all ``-1`` int64 [N] array, reused; callers restore every entry they set."""
         if self._scratch is None:
             self._scratch = torch.full((self.graph.num_nodes,), -1, dtype=torch.int64)
+            advise_huge_pages(self._scratch)
         return self._scratch
 
     def layer_distribution(self, prev: Tensor, lap: LaplacianRows) -> LayerDistribution:
@@ -94,19 +97,34 @@ class LayerwiseSampler:
         blocks: list[Block] = []
         for s in reversed(self.samples):  # top-down: output layer first
             rows = row_entries(self.graph, prev)
-            chosen, p_chosen, kept, local = self.draw_layer(prev, rows, s)
-            blocks.append(self._block(prev, rows, kept, local, self.column_weights(p_chosen)))
-            prev = chosen
+            draw = self.draw_layer(prev, rows, s)
+            blocks.append(self._block(rows, draw))
+            prev = draw.chosen
         blocks.reverse()
         return MiniBatch(input_nodes=prev, output_nodes=seeds, blocks=blocks)
 
-    def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(chosen, p_chosen, kept, local)``: the successive draws (global ids, draw order),
-        their normalised probabilities, and ``kept_entries`` of ``rows`` for them."""
+    def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> LayerDraw:
+        """One layer's successive draws from ``layer_distribution`` and the entries they keep."""
         dist = self.layer_distribution(prev, laplacian_rows(self.graph, prev, self._edge_w, self._self_w))
         pos = successive_sample(dist.p, s, cdf=dist.cdf, nnz=dist.nnz, last=dist.last, slot=self.scratch())
-        chosen = dist.support[pos]
-        return chosen, dist.p[pos], *self.kept_entries(chosen, rows.cols)
+        return self.keep(prev, rows, dist.support[pos], dist.p[pos])
+
+    def keep(self, prev: Tensor, rows: RowEntries, chosen: Tensor, p_chosen: Tensor) -> LayerDraw:
+        """The ``LayerDraw`` of ``chosen``: its kept entries of ``rows`` and their values."""
+        kept, local = self.kept_entries(chosen, rows.cols)
+        return LayerDraw(chosen, p_chosen, kept, local, self.entry_values(prev, rows, kept))
+
+    def entry_values(self, prev: Tensor, rows: RowEntries, entries: Tensor | None = None) -> Tensor:
+        """``L`` at ``entries`` of ``rows`` (all of them when None), float32."""
+        if entries is None:
+            values = self._edge_values(rows.edge_pos)
+            values[rows.ends - 1] = self._self_w.index_select(0, prev)
+            return values
+        row = torch.searchsorted(rows.ends, entries, right=True)
+        values = self._edge_values(rows.edge_pos.index_select(0, entries))
+        is_self = (entries == rows.ends.index_select(0, row) - 1).nonzero().squeeze(1)
+        values[is_self] = self._self_w.index_select(0, prev.index_select(0, row.index_select(0, is_self)))
+        return values
 
     def positions_in(self, chosen: Tensor, cols: Tensor) -> Tensor:
         """Position of each ``cols`` entry in ``chosen`` (distinct ids), -1 if absent; O(len(cols))."""
@@ -144,77 +162,75 @@ class LayerwiseSampler:
             return debias_weights(p_chosen, self.graph.num_nodes)  # eq. 13, n = len(p) = N
         return 1.0 / (p_chosen.numel() * p_chosen)  # eq. 8
 
-    def _block(self, prev: Tensor, rows: RowEntries, kept: Tensor, local: Tensor, col_w: Tensor) -> Block:
+    def _edge_values(self, edge_pos: Tensor) -> Tensor:
+        if self._edge_w.numel() == 0:  # an edgeless graph: every entry is a self loop (edge_pos 0)
+            return torch.zeros(edge_pos.numel(), dtype=torch.float32)
+        return self._edge_w.index_select(0, edge_pos)
+
+    def _block(self, rows: RowEntries, draw: LayerDraw) -> Block:
         """``L[prev, chosen] · diag(col_w)`` as a CSR block over source positions in ``chosen``.
 
-        ``kept``: the entries of ``rows`` in a drawn column (ascending), ``local``: that column's
-        position in ``chosen``. Rows stay in CSR order with the self loop last (no sort): a kept
-        neighbour entry moves down by the kept self loops of earlier rows.
-        """
-        num_nb = rows.edge_pos.numel()
-        split = int(torch.searchsorted(kept, num_nb))
-        kept_nb, self_rows = kept[:split], kept[split:] - num_nb
-        has_self = torch.zeros(prev.numel(), dtype=torch.int64)
-        has_self[self_rows] = 1
-        self_upto = torch.cumsum(has_self, 0)
-        indptr = torch.zeros(prev.numel() + 1, dtype=torch.int64)
-        torch.add(torch.searchsorted(kept_nb, rows.ends), self_upto, out=indptr[1:])
-        row_of_nb = torch.searchsorted(rows.ends, kept_nb, right=True)
-        at_nb = torch.arange(kept_nb.numel()) + (self_upto - has_self).index_select(0, row_of_nb)
-        at_self = indptr.index_select(0, self_rows + 1) - 1
-        values = torch.empty(kept.numel(), dtype=torch.float32)
-        values[at_nb] = self._edge_w.index_select(0, rows.edge_pos.index_select(0, kept_nb))
-        values[at_self] = self._self_w.index_select(0, prev.index_select(0, self_rows))
-        indices = torch.empty(kept.numel(), dtype=torch.int64)
-        indices[at_nb] = local[:split]
-        indices[at_self] = local[split:]
-        weights = values.to(torch.float64) * col_w.index_select(0, indices)
+        The kept entries are ascending, so already grouped by row in CSR order (self loop last):
+        a row's slice ends where its entries end."""
+        indptr = torch.zeros(rows.ends.numel() + 1, dtype=torch.int64)
+        torch.searchsorted(draw.kept, rows.ends, out=indptr[1:])
+        col_w = self.column_weights(draw.p_chosen)
         return Block(
-            num_dst=prev.numel(),
+            num_dst=rows.ends.numel(),
             num_src=col_w.numel(),
             indptr=indptr,
-            indices=indices,
-            weights=weights.to(torch.float32),
+            indices=draw.local,
+            weights=(draw.values.to(torch.float64) * col_w.index_select(0, draw.local)).to(torch.float32),
             dst_in_src=False,
         )
 
 
 @dataclass
 class RowEntries:
-    """Where the entries of ``L[prev, :]`` are, without their values: the neighbour entries of
-    each row in CSR order, then one self loop per row (the last ``len(prev)`` columns)."""
+    """Where the entries of ``L[prev, :]`` are, without their values: grouped by row, each row's
+    neighbour entries in CSR order and then its self loop (at ``ends - 1``)."""
 
-    edge_pos: Tensor  # int64 [E], position of each neighbour entry in graph.indices / edge weights
-    cols: Tensor  # int64 [E + len(prev)], global column id of every entry
-    ends: Tensor  # int64 [len(prev)], end of each row's neighbour entries (cumulative degree)
+    edge_pos: Tensor  # int64 [E + R], position of each entry in graph.indices / edge weights; 0 at self loops
+    cols: Tensor  # int64 [E + R], global column id of every entry
+    ends: Tensor  # int64 [R], end of each row (cumulative degree + 1)
+
+
+@dataclass
+class LayerDraw:
+    """A layer's draws: ``chosen`` (global ids, draw order) with their normalised probabilities,
+    the entries of ``RowEntries`` in a drawn column (``kept``, ascending), each one's column
+    position in ``chosen`` (``local``) and its value of ``L`` (float32)."""
+
+    chosen: Tensor
+    p_chosen: Tensor
+    kept: Tensor
+    local: Tensor
+    values: Tensor
 
 
 def row_entries(graph: CSRGraph, prev: Tensor) -> RowEntries:
     """The entries of ``L[prev, :]`` (see ``RowEntries``): three passes over E, no row vector."""
     starts = graph.indptr.index_select(0, prev)
-    deg = graph.indptr.index_select(0, prev + 1) - starts
-    ends = torch.cumsum(deg, 0)
-    total = int(ends[-1])
-    edge_pos = segment_positions(starts, deg, ends, total)
-    cols = torch.empty(total + prev.numel(), dtype=torch.int64)
-    torch.index_select(graph.indices, 0, edge_pos, out=cols[:total])
-    cols[total:] = prev
+    lengths = graph.indptr.index_select(0, prev + 1) - starts + 1  # + the self loop
+    ends = torch.cumsum(lengths, 0)
+    edge_pos = segment_positions(starts, lengths, ends, int(ends[-1]))
+    selfs = ends - 1
+    edge_pos[selfs] = 0  # (the next row's first edge there, or one past the last edge)
+    if graph.num_edges:
+        cols = graph.indices.index_select(0, edge_pos)
+        cols[selfs] = prev
+    else:
+        cols = prev.clone()
     return RowEntries(edge_pos=edge_pos, cols=cols, ends=ends)
 
 
 def segment_positions(starts: Tensor, lengths: Tensor, ends: Tensor, total: int) -> Tensor:
-    """``cat([arange(a, a + n) for a, n in zip(starts, lengths)])`` as one cumulative sum.
-
-    Steps are 1 except where a segment begins: there the step jumps from the previous segment's
-    last value to its start. Empty segments add jumps that cancel out (they telescope).
-    """
+    """``cat([arange(a, a + n) for a, n in zip(starts, lengths)])`` as one cumulative sum, for
+    non-empty segments: steps are 1 except where a segment begins, where the step jumps from the
+    previous segment's last value to its start."""
     step = torch.ones(total, dtype=torch.int64)
-    if total == 0:
-        return step
-    first = ends - lengths
-    prev_stop = torch.cat([starts.new_ones(1), (starts + lengths)[:-1]])  # virtual segment [0, 1)
-    inside = (first < total).nonzero().squeeze(1)
-    step.index_add_(0, first.index_select(0, inside), (starts - prev_stop).index_select(0, inside))
+    last_before = torch.cat([starts.new_zeros(1), (starts + lengths)[:-1] - 1])  # virtual value 0
+    step[ends - lengths] = starts - last_before
     return step.cumsum_(0)
 
 
