@@ -65,7 +65,7 @@ class LADIESSampler(LayerwiseSampler):
         more of it in cache (relative error ~1e-7, far below the sampling noise)."""
         acc = self.accumulator()
         acc.scatter_add_(0, cols, sq)  # π_j of eq. 7 (faster than index_add_ here)
-        weights = sq * acc.index_select(0, cols).rsqrt_()
+        weights = acc.index_select(0, cols).rsqrt_().mul_(sq)
         if acc.numel() <= _SWEEP_RATIO * cols.numel():
             acc.zero_()
         else:
@@ -124,7 +124,7 @@ class LADIESSampler(LayerwiseSampler):
         last = cdf.numel() - 1
 
         def draw(n: int) -> Tensor:
-            u = torch.rand(n, dtype=torch.float64) * total
+            u = torch.rand(n, dtype=torch.float64).mul_(total)
             return cols.index_select(0, torch.searchsorted(cdf, u, right=True).clamp_(max=last))
 
         chosen = rejection_draws(draw, s, self.scratch())

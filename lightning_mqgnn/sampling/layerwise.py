@@ -145,7 +145,7 @@ class LayerwiseSampler:
         words = self.bitmap()
         word = chosen >> 6
         words.scatter_add_(0, word, torch.ones_like(chosen) << (chosen & 63))  # distinct ids: no carries
-        member = (words.index_select(0, cols >> 6) >> (cols & 63)) & 1
+        member = words.index_select(0, cols >> 6).bitwise_right_shift_(cols & 63).bitwise_and_(1)
         words.scatter_(0, word, 0)
         kept = member.nonzero().squeeze(1)
         return kept, self.positions_in(chosen, cols.index_select(0, kept))
