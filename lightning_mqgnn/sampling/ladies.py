@@ -51,13 +51,8 @@ class LADIESSampler(LayerwiseSampler):
         sq = values.square()  # L_ij² of every entry (eq. 7)
         if 4 * s > sq.numel():  # few entries: a large share of the support, the exact per-column form
             return self._draw_by_columns(rows.cols, sq, values, s, prev.numel())
-        if self.flat:
-            return self._draw_flat(rows.cols, sq, values, s, prev.numel())
-        return self._draw_by_entries(rows.cols, sq, values, s, prev.numel())
-
-    def _draw_flat(self, cols: Tensor, sq: Tensor, values: Tensor, s: int, num_rows: int) -> LayerDraw:
-        """``_draw_by_entries`` with entry weights whose column sums are ``sqrt(π_j)`` (eq. 10)."""
-        return self._draw_by_entries(cols, sq, values, s, num_rows, self._flat_entry_weights(cols, sq))
+        weights = self._flat_entry_weights(rows.cols, sq) if self.flat else None  # column sums sqrt(π_j)
+        return self._draw_by_entries(rows.cols, sq, values, s, prev.numel(), weights)
 
     def _flat_entry_weights(self, cols: Tensor, sq: Tensor) -> Tensor:
         """``L_ij² / sqrt(π_j)`` (float32), π_j summed in the float32 [N] accumulator (all zero
