@@ -64,7 +64,6 @@ def test_block_weights_equal_laplacian_entries_times_column_weights():
     # block = L[batch, S] · diag(w), w = 1/(s p_S) (eq. 8) or the debias weights (eq. 13) of S
     # in draw order (input_nodes keeps the draw order)
     from lightning_mqgnn.sampling.debias import debias_weights
-    from lightning_mqgnn.sampling.layerwise import laplacian_rows
 
     graph = random_graph(120, 400, 2)
     lap = dense_laplacian(graph)
@@ -75,9 +74,7 @@ def test_block_weights_equal_laplacian_entries_times_column_weights():
             torch.manual_seed(3)
             batch = sampler.sample(seeds)
             chosen = batch.input_nodes
-            dist = sampler.layer_distribution(
-                seeds, laplacian_rows(graph, seeds, sampler._edge_w, sampler._self_w)
-            )
+            dist = sampler.distribution(seeds)
             p = torch.zeros(120, dtype=torch.float64)
             p[dist.support] = dist.p
             w = debias_weights(p[chosen], 120) if debias else 1.0 / (chosen.numel() * p[chosen])
@@ -153,11 +150,9 @@ def test_flat_probabilities_are_column_norms_not_squared():
     torch.testing.assert_close(FastGCNSampler(graph, [8])._dist.p, sq / sq.sum())
     torch.testing.assert_close(FastGCNSampler(graph, [8], flat=True)._dist.p, sq.sqrt() / sq.sqrt().sum())
     prev = torch.tensor([3, 4, 50])
-    from lightning_mqgnn.sampling.layerwise import laplacian_rows
-
     for flat in (False, True):
         s = LADIESSampler(graph, [8], flat=flat)
-        dist = s.layer_distribution(prev, laplacian_rows(graph, prev, s._edge_w, s._self_w))
+        dist = s.distribution(prev)
         col = lap[prev].square().sum(0)
         col = col.sqrt() if flat else col
         expect = torch.zeros(80, dtype=torch.float64)
@@ -205,15 +200,14 @@ def test_ladies_draws_from_entries_are_unbiased_and_match_the_column_law(flat):
     # many rows against s (4 s <= entries): LADIES draws columns through entries drawn ∝ L_ij²
     # (flat: ∝ L_ij² / sqrt(π_j)); the block still equals L[batch, S] · diag(w) with p of eq. 7/10
     from lightning_mqgnn.sampling.debias import debias_weights
-    from lightning_mqgnn.sampling.layerwise import laplacian_rows
+    from lightning_mqgnn.sampling.layerwise import row_entries
 
     graph = random_graph(60, 150, 4)
     lap = dense_laplacian(graph)
     seeds = torch.arange(0, 60, 3)
     sampler = LADIESSampler(graph, [6], flat=flat, debias=True)
-    lap_rows = laplacian_rows(graph, seeds, sampler._edge_w, sampler._self_w)
-    assert lap_rows.cols.numel() >= 4 * 6
-    dist = sampler.layer_distribution(seeds, lap_rows)
+    assert row_entries(graph, seeds).cols.numel() >= 4 * 6
+    dist = sampler.distribution(seeds)
     p = torch.zeros(60, dtype=torch.float64)
     p[dist.support] = dist.p
     torch.manual_seed(14)

@@ -14,7 +14,6 @@ from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.layerwise import (
-    LaplacianRows,
     LayerDistribution,
     LayerDraw,
     LayerwiseSampler,
@@ -49,7 +48,7 @@ class FastGCNSampler(LayerwiseSampler):
         )
         self._table = GuidedCDF(self._dist.cdf, self._dist.last)
 
-    def layer_distribution(self, prev: Tensor, lap: LaplacianRows) -> LayerDistribution:
+    def layer_distribution(self, prev: Tensor, cols: Tensor, values: Tensor) -> LayerDistribution:
         return self._dist
 
     def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> LayerDraw:

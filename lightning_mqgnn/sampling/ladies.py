@@ -17,7 +17,6 @@ from torch import Tensor
 
 from lightning_mqgnn.graph.huge_pages import advise_huge_pages
 from lightning_mqgnn.sampling.layerwise import (
-    LaplacianRows,
     LayerDistribution,
     LayerDraw,
     LayerwiseSampler,
@@ -36,10 +35,10 @@ class LADIESSampler(LayerwiseSampler):
 
     _acc: Tensor | None = None  # float32 [N], all zero between layers
 
-    def layer_distribution(self, prev: Tensor, lap: LaplacianRows) -> LayerDistribution:
-        support, inverse = self._distinct(lap.cols)
+    def layer_distribution(self, prev: Tensor, cols: Tensor, values: Tensor) -> LayerDistribution:
+        support, inverse = self._distinct(cols)
         pi = torch.zeros(support.numel(), dtype=torch.float64)
-        pi.index_add_(0, inverse, lap.values.to(torch.float64).square())  # eq. 7 numerator
+        pi.index_add_(0, inverse, values.to(torch.float64).square())  # eq. 7 numerator
         if self.flat:
             pi = pi.sqrt()  # eq. 10
         p = normalise(pi, f"LADIES layer over {prev.numel()} rows")

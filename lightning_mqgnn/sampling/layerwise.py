@@ -19,20 +19,10 @@ from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.huge_pages import advise_huge_pages
-from lightning_mqgnn.sampling.base import row_positions
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.debias import debias_weights
 from lightning_mqgnn.sampling.exact import edge_weights
 from lightning_mqgnn.sampling.successive import successive_sample
-
-
-@dataclass
-class LaplacianRows:
-    """Rows ``L[prev, :]`` in COO form: every neighbour entry, then the self loops (not grouped)."""
-
-    rows: Tensor  # int64 [nnz], position in prev
-    cols: Tensor  # int64 [nnz], global node id
-    values: Tensor  # float32 [nnz], L[prev[row], col]
 
 
 @dataclass
@@ -86,8 +76,15 @@ class LayerwiseSampler:
             advise_huge_pages(self._scratch)
         return self._scratch
 
-    def layer_distribution(self, prev: Tensor, lap: LaplacianRows) -> LayerDistribution:
+    def layer_distribution(self, prev: Tensor, cols: Tensor, values: Tensor) -> LayerDistribution:
+        """The distribution of the layer below ``prev``, from the entries of ``L[prev, :]`` (their
+        columns and values, in any order)."""
         raise NotImplementedError
+
+    def distribution(self, prev: Tensor) -> LayerDistribution:
+        """``layer_distribution`` of the rows ``prev``."""
+        rows = row_entries(self.graph, prev)
+        return self.layer_distribution(prev, rows.cols, self.entry_values(prev, rows))
 
     def sample(self, seeds: Tensor) -> MiniBatch:
         seeds = seeds.to(torch.int64)
@@ -105,7 +102,7 @@ class LayerwiseSampler:
 
     def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> LayerDraw:
         """One layer's successive draws from ``layer_distribution`` and the entries they keep."""
-        dist = self.layer_distribution(prev, laplacian_rows(self.graph, prev, self._edge_w, self._self_w))
+        dist = self.layer_distribution(prev, rows.cols, self.entry_values(prev, rows))
         pos = successive_sample(dist.p, s, cdf=dist.cdf, nnz=dist.nnz, last=dist.last, slot=self.scratch())
         return self.keep(prev, rows, dist.support[pos], dist.p[pos])
 
@@ -232,20 +229,6 @@ def segment_positions(starts: Tensor, lengths: Tensor, ends: Tensor, total: int)
     last_before = torch.cat([starts.new_zeros(1), (starts + lengths)[:-1] - 1])  # virtual value 0
     step[ends - lengths] = starts - last_before
     return step.cumsum_(0)
-
-
-def laplacian_rows(graph: CSRGraph, prev: Tensor, edge_w: Tensor, self_w: Tensor) -> LaplacianRows:
-    """Rows of ``L`` for ``prev``: the CSR neighbour entries (grouped by row), then one self
-    loop per row. Vectorised, no boolean masks over the edges."""
-    starts = graph.indptr[prev]
-    deg = graph.indptr[prev + 1] - starts
-    edge_pos = row_positions(starts, deg)
-    rows = torch.repeat_interleave(torch.arange(prev.numel()), deg, output_size=edge_pos.numel())
-    return LaplacianRows(
-        rows=torch.cat([rows, torch.arange(prev.numel())]),
-        cols=torch.cat([graph.indices.index_select(0, edge_pos), prev]),
-        values=torch.cat([edge_w.index_select(0, edge_pos), self_w.index_select(0, prev)]),
-    )
 
 
 def normalise(pi: Tensor, who: str) -> Tensor:
