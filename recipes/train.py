@@ -15,7 +15,7 @@ import hydra
 import lightning.pytorch as pl
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -83,24 +83,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
         dataset=dataset, sampler=sampler, feature_cache=getattr(sampler, "cache", None)
     )
 
-    timer = BatchTimer()
-    gpu_busy = GPUBusyMonitor()
-    checkpoint = ModelCheckpoint(monitor="val/metric", mode="max", save_top_k=1, filename="best")
-    stopper = BatchEarlyStopping(**cfg.early_stopping)
     # a strategy config is either a Lightning registry name ({name: ddp}) or a _target_ to build
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
     world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes) if str(cfg.trainer.devices).isdigit() else 1
     batches = datamodule_batches(datamodule, world)
+    callbacks = recipe_callbacks(cfg, strategy)
+    timer, gpu_busy, checkpoint = callbacks[:3]
     trainer = instantiate(
         cfg.trainer,
-        callbacks=[
-            timer,
-            gpu_busy,
-            checkpoint,
-            stopper,
-            StageTimingCallback(),
-            *strategy_callbacks(strategy),
-        ],
+        callbacks=callbacks,
         strategy=strategy,
         **validation_schedule(cfg.val_every_batches, batches, int(cfg.trainer.get("max_epochs") or -1)),
     )
@@ -127,6 +118,23 @@ def train(cfg: DictConfig) -> dict[str, float]:
             flush=True,
         )
     return result
+
+
+def recipe_callbacks(cfg: DictConfig, strategy) -> list[pl.Callback]:
+    """The recipe's callbacks: batch timer, GPU busy monitor and best-validation checkpoint first
+    (``train`` reads them), then early stopping, stage timing, the strategy's counters and, with
+    the progress bar on, a bar refreshed once per logging interval."""
+    callbacks = [
+        BatchTimer(),
+        GPUBusyMonitor(),
+        ModelCheckpoint(monitor="val/metric", mode="max", save_top_k=1, filename="best"),
+        BatchEarlyStopping(**cfg.early_stopping),
+        StageTimingCallback(),
+        *strategy_callbacks(strategy),
+    ]
+    if cfg.trainer.get("enable_progress_bar", True):
+        callbacks.append(TQDMProgressBar(refresh_rate=int(cfg.trainer.get("log_every_n_steps") or 50)))
+    return callbacks
 
 
 def build_sampler(factory, dataset):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lightning_mqgnn.models.layers import GCNLayer, SAGELayer, transform_first
-from lightning_mqgnn.sampling.aggregate import weighted_row_sum
+from lightning_mqgnn.sampling.aggregate import weighted_row_sum, weighted_row_sum_with_self
 from lightning_mqgnn.sampling.batch import Block
 
 
@@ -42,6 +42,24 @@ def test_forward_and_backward_equal_the_dense_products():
     )
 
 
+@pytest.mark.parametrize("max_deg", [6, 0])
+def test_row_sum_with_self_is_the_sum_beside_the_first_rows_with_their_gradient(max_deg):
+    block = random_block(40, 300, max_deg, seed=3)
+    h = torch.randn(300, 7, dtype=torch.float64, requires_grad=True)
+    out = weighted_row_sum_with_self(block.indptr, block.indices, block.weights.double(), h)
+    a = dense(block)
+    assert torch.allclose(out, torch.cat([a @ h.detach(), h.detach()[:40]], 1), atol=1e-12)
+    g = torch.randn(40, 14, dtype=torch.float64)
+    out.backward(g)
+    expected = a.t() @ g[:, :7]
+    expected[:40] += g[:, 7:]
+    assert torch.allclose(h.grad, expected, atol=1e-12)
+    assert torch.autograd.gradcheck(
+        lambda x: weighted_row_sum_with_self(block.indptr, block.indices, block.weights.double(), x),
+        (torch.randn(300, 2, dtype=torch.float64, requires_grad=True),),
+    )
+
+
 def test_weights_that_ask_for_gradients_are_refused():
     block = random_block(5, 10, 3, seed=1)
     with pytest.raises(ValueError, match="sampling constants"):
@@ -65,3 +83,5 @@ def test_layers_give_the_same_result_in_either_order(conv, num_src):
         expected = a @ h @ layer.neigh.weight.t() + layer.self_(h[:20])
     assert transform_first(block, 16, 8) == (num_src == 20)
     assert torch.allclose(layer(block, h), expected, atol=1e-10)
+    # given destination features (inference over global ids) take the same path
+    assert torch.allclose(layer(block, h, h[:20]), expected, atol=1e-10)

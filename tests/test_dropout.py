@@ -1,55 +1,69 @@
-"""The fast CPU dropout keeps nn.Dropout's contract: drop rate, unbiased scaling, gradients,
-reproducibility, identity in eval mode."""
+"""The fast CPU ReLU + dropout keeps nn.Dropout's contract: drop rate, unbiased scaling, gradients,
+reproducibility, independent lanes, plain ReLU in eval mode."""
 
 import pytest
 import torch
+from torch.nn import functional as F
 
-from lightning_mqgnn.models.dropout import Dropout, quantised_drop_probability, random_keep_mask
+from lightning_mqgnn.models.dropout import (
+    ReLUDropout,
+    mask_bits,
+    quantised_drop_probability,
+    random_keep_mask,
+)
 
 
-@pytest.mark.parametrize("p", [0.2, 0.5, 0.8])
-def test_mask_drops_at_rate_p_and_preserves_the_mean(p):
+@pytest.mark.parametrize(
+    ("p", "bits"), [(0.5, 1), (0.25, 2), (0.75, 2), (0.0625, 4), (0.8125, 4), (0.2, 16), (0.8, 16)]
+)
+def test_mask_drops_at_rate_p_and_preserves_the_mean(p, bits):
+    assert mask_bits(p) == bits
     torch.manual_seed(0)
-    mask = random_keep_mask(torch.Size([1000, 500]), p)
+    mask = random_keep_mask(torch.Size([1000, 501]), p)  # not a multiple of a byte's lanes
     q = quantised_drop_probability(p)
     assert abs(q - p) <= 2**-17
+    if bits < 16:
+        assert q == p
     dropped = (mask == 0).double().mean().item()
     # 500k Bernoulli(q) draws: standard error sqrt(q(1-q)/n) < 7.1e-4; 5 standard errors
     assert abs(dropped - q) < 5 * (q * (1 - q) / mask.numel()) ** 0.5
+    assert mask.dtype == torch.float32 and mask.shape == (1000, 501)
     assert torch.all((mask == 0) | torch.isclose(mask, torch.tensor(1 / (1 - q))))
     assert abs(mask.double().mean().item() - 1.0) < 5 * (q / (1 - q) / mask.numel()) ** 0.5
 
 
-def test_columns_and_rows_are_not_correlated():
-    """The four 16-bit lanes of one 64-bit draw land on neighbouring elements: they must be
-    independent, so the drop rate of every lane position (element index mod 4) is p."""
+@pytest.mark.parametrize(("p", "lanes"), [(0.5, 64), (0.25, 32), (0.0625, 16), (0.2, 4)])
+def test_lanes_of_one_random_word_are_independent(p, lanes):
+    """The lanes of one 64-bit draw land on neighbouring elements: every lane position (element
+    index mod lanes) drops at rate p, and neighbours drop together at rate p^2."""
     torch.manual_seed(1)
-    mask = random_keep_mask(torch.Size([250_000, 4]), 0.5)
-    lanes = (mask == 0).double().mean(0)
-    assert torch.all((lanes - 0.5).abs() < 5 * (0.25 / 250_000) ** 0.5)
-    both = ((mask[:, 0] == 0) & (mask[:, 1] == 0)).double().mean().item()
-    assert abs(both - 0.25) < 5 * (0.1875 / 250_000) ** 0.5
+    rows = 400_000 // lanes
+    q = quantised_drop_probability(p)
+    dropped = (random_keep_mask(torch.Size([rows, lanes]), p) == 0).double()
+    assert torch.all((dropped.mean(0) - q).abs() < 5 * (q * (1 - q) / rows) ** 0.5)
+    both = (dropped[:, :-1] * dropped[:, 1:]).mean(0)
+    assert torch.all((both - q * q).abs() < 5 * (q * q * (1 - q * q) / rows) ** 0.5)
 
 
-def test_gradient_is_the_mask_and_seeds_reproduce_it():
-    layer = Dropout(0.3)
-    h = torch.randn(64, 32, requires_grad=True)
+@pytest.mark.parametrize("p", [0.5, 0.3])
+def test_relu_dropout_is_relu_times_the_mask_with_its_gradient(p):
+    layer = ReLUDropout(p)
+    h = torch.randn(64, 33, requires_grad=True)
     torch.manual_seed(5)
     out = layer(h)
-    out.sum().backward()
+    grad = torch.randn_like(out)
+    out.backward(grad)
     torch.manual_seed(5)
-    again = layer(h.detach())
-    assert torch.equal(out.detach(), again)
-    kept = out.detach() != 0
-    assert torch.allclose(
-        h.grad[kept], torch.full_like(h.grad[kept], 1 / (1 - quantised_drop_probability(0.3)))
-    )
-    assert torch.all(h.grad[~kept] == 0)
+    mask = random_keep_mask(h.shape, p)
+    assert torch.equal(out.detach(), torch.relu(h.detach()) * mask)
+    assert torch.equal(h.grad, grad * mask * (h.detach() > 0))
+    torch.manual_seed(5)
+    assert torch.equal(layer(h.detach()), out.detach())  # seeds reproduce the mask
 
 
-def test_eval_mode_and_zero_rate_are_identity_and_bad_rates_are_refused():
+def test_eval_mode_and_zero_rate_are_relu_and_bad_rates_are_refused():
     h = torch.randn(8, 8)
-    assert Dropout(0.0)(h) is h
-    assert Dropout(0.5).eval()(h) is h
+    assert torch.equal(ReLUDropout(0.0)(h), F.relu(h))
+    assert torch.equal(ReLUDropout(0.5).eval()(h), F.relu(h))
     with pytest.raises(ValueError, match="dropout probability"):
-        Dropout(1.0)
+        ReLUDropout(1.0)

@@ -1,11 +1,17 @@
-"""Dropout whose CPU mask costs a few milliseconds instead of tens.
+"""ReLU then dropout as one autograd step, with a CPU mask made of as few random bits as the rate needs.
 
-torch's CPU dropout draws one Bernoulli variate per element (``bernoulli_``): on a 6,144 x 256
-hidden layer that took 25-40 ms on one core, a fifth of a whole SAGE training step. Here the mask
-comes from 16 random bits per element (64-bit integer draws split four ways), compared against
-a threshold: the drop probability is ``p`` rounded to a multiple of 2^-16, and the kept entries
-are scaled by the exact ``1 / (1 - p_used)`` so the layer stays unbiased. On CUDA, whose RNG is
-fast, it is plain ``F.dropout``.
+torch's CPU dropout draws one Bernoulli variate per element (``bernoulli_``), and even 16 random
+bits per element from the Mersenne twister cost as much as a third of a SAGE step's GEMMs. A rate
+``p = k / 2^b`` with ``b`` in {1, 2, 4} (0.5, 0.25, 0.75, 0.125, ...) needs only ``b`` bits per
+element: random bytes are expanded through a 256-row table whose row ``v`` holds the ``8 / b``
+mask values that byte ``v`` encodes, one gather for the whole mask. Other rates use 16 bits per
+element, i.e. ``p`` rounded to a multiple of 2^-16. Kept entries are scaled by the exact
+``1 / (1 - p_used)``, so the layer stays unbiased. On CUDA, whose RNG is fast, it is
+``F.dropout(F.relu(h))``.
+
+ReLU and the mask share one autograd node: ``relu(h) * m == max(h * m, 0)`` because ``m >= 0``, so
+forward is one product and an in-place clamp, backward one product thresholded on the output
+(four passes over the hidden layer instead of seven, and no boolean mask kept).
 """
 
 from __future__ import annotations
@@ -17,25 +23,80 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 _LEVELS = 1 << 16
+_TABLE_BITS = (1, 2, 4)
 
 
 def quantised_drop_probability(p: float) -> float:
-    """The probability the CPU mask really uses: ``p`` rounded to a multiple of 2^-16."""
+    """The probability the CPU mask really uses: ``p`` rounded to a multiple of 2^-16 (exact for
+    the rates of the table path)."""
     return round(p * _LEVELS) / _LEVELS
+
+
+def mask_bits(p: float) -> int:
+    """Random bits per element the CPU mask of rate ``p`` takes: 1, 2 or 4 where ``p * 2^b`` is an
+    integer, else 16."""
+    for bits in _TABLE_BITS:
+        if (p * (1 << bits)).is_integer():
+            return bits
+    return 16
+
+
+def _random_words(num_bytes: int, generator: torch.Generator | None) -> Tensor:
+    """``num_bytes`` (rounded up to 8) uniform random bytes, from 64-bit draws over the full range."""
+    draws = torch.empty((num_bytes + 7) // 8, dtype=torch.int64)
+    draws.random_(-(2**63), None, generator=generator)  # [-2^63, 2^63 - 1]: every bit uniform
+    return draws.view(torch.uint8)
+
+
+_tables: dict[tuple[int, int], Tensor] = {}
+
+
+def _byte_table(bits: int, dropped: int) -> Tensor:
+    """Row ``v``: the ``8 // bits`` mask values byte ``v`` encodes (lane ``j`` = bits ``j*b ..``),
+    0 where the lane's value is below ``dropped`` (of ``2^bits`` levels), else the kept scale."""
+    key = (bits, dropped)
+    if key not in _tables:
+        levels = 1 << bits
+        lanes = 8 // bits
+        values = torch.arange(256).unsqueeze(1) >> (torch.arange(lanes) * bits) & (levels - 1)
+        scale = levels / (levels - dropped)
+        _tables[key] = torch.where(values >= dropped, scale, 0.0).to(torch.float32)
+    return _tables[key]
 
 
 def random_keep_mask(shape: torch.Size, p: float, generator: torch.Generator | None = None) -> Tensor:
     """A float32 mask: 0 with probability ``quantised_drop_probability(p)``, else 1/(1 - that)."""
     n = math.prod(shape)
-    draws = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, generator=generator)
-    bits = draws.view(torch.int16)[:n].view(shape)  # uniform on [-2^15, 2^15)
+    bits = mask_bits(p)
+    if bits < 16:
+        dropped = round(p * (1 << bits))
+        table = _byte_table(bits, dropped)
+        words = _random_words((n * bits + 7) // 8, generator)
+        return table.index_select(0, words.long()).view(-1)[:n].view(shape)
+    words = _random_words(2 * n, generator).view(torch.int16)[:n].view(shape)  # uniform on [-2^15, 2^15)
     dropped = round(p * _LEVELS)
-    keep = bits >= dropped - _LEVELS // 2
-    return keep.view(torch.uint8).to(torch.float32).mul_(_LEVELS / (_LEVELS - dropped))
+    return torch.where(words >= dropped - _LEVELS // 2, _LEVELS / (_LEVELS - dropped), 0.0).to(torch.float32)
 
 
-class Dropout(nn.Module):
-    """``nn.Dropout`` with a fast CPU mask (module docstring); identity in eval mode."""
+class _ReLUMasked(torch.autograd.Function):
+    """``max(h * mask, 0)`` with the gradient ``mask * g`` where the output is positive."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, mask: Tensor) -> Tensor:
+        out = torch.mul(h, mask).clamp_min_(0.0)
+        ctx.save_for_backward(out, mask)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        out, mask = ctx.saved_tensors
+        grad_h = torch.mul(grad, mask)
+        torch.ops.aten.threshold_backward.grad_input(grad_h, out, 0.0, grad_input=grad_h)
+        return grad_h, None
+
+
+class ReLUDropout(nn.Module):
+    """``Dropout(p)(relu(h))`` with the fast CPU mask (module docstring); plain ReLU in eval mode."""
 
     def __init__(self, p: float = 0.5):
         super().__init__()
@@ -45,10 +106,10 @@ class Dropout(nn.Module):
 
     def forward(self, h: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
-            return h
+            return torch.relu(h)
         if h.device.type != "cpu" or h.dtype != torch.float32:
-            return F.dropout(h, self.p, training=True)
-        return h * random_keep_mask(h.shape, self.p)
+            return F.dropout(torch.relu(h), self.p, training=True)
+        return _ReLUMasked.apply(h, random_keep_mask(h.shape, self.p))
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

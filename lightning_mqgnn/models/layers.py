@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from lightning_mqgnn.sampling.batch import Block
 
@@ -22,8 +23,8 @@ def transform_first(block: Block, in_dim: int, out_dim: int) -> bool:
 
 
 class GCNLayer(nn.Module):
-    """``Z = P̂ H W`` (eq. 1, 18): weighted sum of transformed source rows, in the cheaper order
-    (``transform_first``)."""
+    """``Z = P̂ H W + b`` (eq. 1, 18): weighted sum of transformed source rows, in the cheaper order
+    (``transform_first``); aggregating first folds the bias into the GEMM (``addmm``)."""
 
     def __init__(self, in_dim: int, out_dim: int):
         super().__init__()
@@ -32,15 +33,17 @@ class GCNLayer(nn.Module):
 
     def forward(self, block: Block, h_src: Tensor, h_dst: Tensor | None = None) -> Tensor:
         if transform_first(block, self.linear.in_features, self.linear.out_features):
-            return block.aggregate(self.linear(h_src)) + self.bias
-        return self.linear(block.aggregate(h_src)) + self.bias
+            return block.aggregate(self.linear(h_src)).add_(self.bias)
+        return F.linear(block.aggregate(h_src), self.linear.weight, self.bias)
 
 
 class SAGELayer(nn.Module):
-    """GraphSAGE-mean: ``[mean_{u in N(v)} h_u, h_v] W`` (eq. 17), as two linear maps.
+    """GraphSAGE-mean: ``[mean_{u in N(v)} h_u, h_v] W`` (eq. 17), with ``W`` kept as two linear maps.
 
     Self features are ``h_dst`` when given (inference over global ids), else the first
-    ``num_dst`` source rows (node-wise blocks keep destinations as a source prefix).
+    ``num_dst`` source rows (node-wise blocks keep destinations as a source prefix). Aggregating
+    first, the two halves run as one GEMM on ``[A H, H_dst]`` with the bias folded in; transforming
+    first, the neighbour half is added into the self half's GEMM.
     """
 
     def __init__(self, in_dim: int, out_dim: int):
@@ -49,15 +52,19 @@ class SAGELayer(nn.Module):
         self.self_ = nn.Linear(in_dim, out_dim)
 
     def forward(self, block: Block, h_src: Tensor, h_dst: Tensor | None = None) -> Tensor:
-        if h_dst is None:
-            if not block.dst_in_src:
-                raise ValueError("SAGELayer needs destination features: block.dst_in_src is False")
-            h_dst = h_src[: block.num_dst]
+        if h_dst is None and not block.dst_in_src:
+            raise ValueError("SAGELayer needs destination features: block.dst_in_src is False")
         if transform_first(block, self.neigh.in_features, self.neigh.out_features):
-            agg = block.aggregate(self.neigh(h_src))
+            if h_dst is None:
+                h_dst = h_src[: block.num_dst]
+            agg = block.aggregate(self.neigh(h_src)).add_(self.self_.bias)
+            return torch.addmm(agg, h_dst, self.self_.weight.t())
+        if h_dst is None:
+            both = block.aggregate_with_self(h_src)
         else:
-            agg = self.neigh(block.aggregate(h_src))
-        return agg + self.self_(h_dst)
+            both = torch.cat([block.aggregate(h_src), h_dst], 1)
+        weight = torch.cat([self.neigh.weight, self.self_.weight], 1)
+        return F.linear(both, weight, self.self_.bias)
 
 
 LAYERS = {"gcn": GCNLayer, "sage": SAGELayer}

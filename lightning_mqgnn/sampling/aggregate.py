@@ -17,13 +17,39 @@ from torch.nn import functional as F
 
 def weighted_row_sum(indptr: Tensor, indices: Tensor, weights: Tensor, h: Tensor) -> Tensor:
     """``A @ h`` for the CSR ``A = (indptr, indices, weights)`` of ``len(indptr) - 1`` rows."""
+    _check_constant(weights)
+    return _WeightedRowSum.apply(h, indptr, indices, weights.to(h.dtype))
+
+
+def weighted_row_sum_with_self(indptr: Tensor, indices: Tensor, weights: Tensor, h: Tensor) -> Tensor:
+    """``[A @ h, h[:rows]]`` side by side, ``rows = len(indptr) - 1``: GraphSAGE's input to one
+    GEMM (eq. 17). Its backward adds the self half's gradient into the first rows in place,
+    where ``cat`` of a slice would build a zero-padded copy of ``h`` and add it."""
+    _check_constant(weights)
+    return _WeightedRowSumWithSelf.apply(h, indptr, indices, weights.to(h.dtype))
+
+
+def _check_constant(weights: Tensor) -> None:
     if weights.requires_grad:
         raise ValueError("block weights are sampling constants and cannot take gradients")
-    return _WeightedRowSum.apply(h, indptr, indices, weights.to(h.dtype))
 
 
 def _row_sum(indices: Tensor, h: Tensor, offsets: Tensor, weights: Tensor) -> Tensor:
     return F.embedding_bag(indices, h, offsets, mode="sum", per_sample_weights=weights)
+
+
+def _transposed_row_sum(
+    indptr: Tensor, indices: Tensor, weights: Tensor, grad: Tensor, num_src: int
+) -> Tensor:
+    """``Aᵀ @ grad``: the same row sum over the edges grouped by source."""
+    counts = indptr[1:] - indptr[:-1]
+    dst = torch.repeat_interleave(
+        torch.arange(counts.numel(), device=counts.device), counts, output_size=indices.numel()
+    )
+    order = torch.argsort(indices)
+    src_counts = torch.bincount(indices, minlength=num_src)
+    offsets = torch.cumsum(src_counts, 0) - src_counts
+    return _row_sum(dst.index_select(0, order), grad.contiguous(), offsets, weights.index_select(0, order))
 
 
 class _WeightedRowSum(torch.autograd.Function):
@@ -38,14 +64,28 @@ class _WeightedRowSum(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None
         indptr, indices, weights = ctx.saved_tensors
-        counts = indptr[1:] - indptr[:-1]
-        dst = torch.repeat_interleave(
-            torch.arange(counts.numel(), device=counts.device), counts, output_size=indices.numel()
-        )
-        order = torch.argsort(indices)  # the transposed rows: edges grouped by source
-        src_counts = torch.bincount(indices, minlength=ctx.num_src)
-        offsets = torch.cumsum(src_counts, 0) - src_counts
-        grad_h = _row_sum(
-            dst.index_select(0, order), grad.contiguous(), offsets, weights.index_select(0, order)
-        )
+        return _transposed_row_sum(indptr, indices, weights, grad, ctx.num_src), None, None, None
+
+
+class _WeightedRowSumWithSelf(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: Tensor, indptr: Tensor, indices: Tensor, weights: Tensor) -> Tensor:
+        ctx.save_for_backward(indptr, indices, weights)
+        ctx.num_src = h.shape[0]
+        rows = indptr.numel() - 1
+        if indices.numel() == 0:
+            return torch.cat([h.new_zeros(rows, h.shape[1]), h[:rows]], 1)
+        return torch.cat([_row_sum(indices, h, indptr[:-1], weights), h[:rows]], 1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        indptr, indices, weights = ctx.saved_tensors
+        width = grad.shape[1] // 2
+        if indices.numel() == 0:
+            grad_h = grad.new_zeros(ctx.num_src, width)
+        else:
+            grad_h = _transposed_row_sum(indptr, indices, weights, grad[:, :width], ctx.num_src)
+        grad_h[: grad.shape[0]] += grad[:, width:]
         return grad_h, None, None, None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor
 
-from lightning_mqgnn.sampling.aggregate import weighted_row_sum
+from lightning_mqgnn.sampling.aggregate import weighted_row_sum, weighted_row_sum_with_self
 
 # CSR sparse-dense products are what every layer runs on; torch's one-time beta notice is noise.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
@@ -64,6 +64,15 @@ class Block:
         if self.num_edges == 0:
             return h_src.new_zeros(self.num_dst, h_src.shape[1])
         return weighted_row_sum(self.indptr, self.indices, self.weights, h_src)
+
+    def aggregate_with_self(self, h_src: Tensor) -> Tensor:
+        """``[A_block @ h_src, h_src[:num_dst]]`` side by side (needs ``dst_in_src``), for a layer
+        that transforms both halves in one GEMM (``weighted_row_sum_with_self``)."""
+        if h_src.shape[0] != self.num_src:
+            raise ValueError(f"block expects {self.num_src} source rows, got {h_src.shape[0]}")
+        if not self.dst_in_src:
+            raise ValueError("aggregate_with_self needs destinations as a source prefix (dst_in_src)")
+        return weighted_row_sum_with_self(self.indptr, self.indices, self.weights, h_src)
 
     def map(self, fn: Callable[[Tensor], Tensor]) -> Block:
         """Apply ``fn`` to every tensor (device moves, pinning)."""

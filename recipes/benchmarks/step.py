@@ -1,0 +1,261 @@
+"""The training step against its GEMM floor, in a bare loop and in the recipe's Lightning loop.
+
+    python recipes/bench.py step --data products_like_200k --model sage --batch-size 1024 --steps 40
+    python recipes/bench.py step --data products_like_200k --model gcn --device cuda
+
+Batches are sampled and gathered once, before timing, with the recipe's own data and model
+configs (``conf/data``, ``conf/model``), so the step (forward, backward, optimiser, per-step
+overhead) is all that is measured. Two loops train on the same batches:
+- ``bare``: ``zero_grad``, ``training_step``, ``backward``, ``step`` in a Python loop;
+- ``trainer``: ``lightning.Trainer.fit`` with the recipe's callbacks, logger and progress bar.
+Each loop runs twice: once timed (median wall time per step), once under ``torch.profiler``, whose
+per-operator self time (CPU time on CPU, kernel time on CUDA) is sorted into GEMM (``mm``,
+``addmm``, ``bmm``: the floor), aggregation, elementwise, RNG, copies and the optimiser; on CPU
+"rest" is the wall time no operator accounts for (Python, hooks, logging), on CUDA "host" is the
+wall time the GPU is not running a kernel. ``step / floor`` is the timed step over GEMM time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from hydra.utils import instantiate
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from benchmarks._report import machine_header, write_report
+from lightning_mqgnn.pipeline.produce import produce_batch
+from lightning_mqgnn.pipeline.schedule import batch_rng_seed, epoch_batches
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "recipes"))  # the recipe's own builders (train.py)
+TRAINING_STEP = "training_step"
+CATEGORIES = ("gemm", "aggregation", "elementwise", "rng", "copy", "optimiser")
+GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv"}
+AGGREGATION = ("embedding_bag", "argsort", "aten::sort", "bincount", "repeat_interleave", "cumsum")
+RNG = ("random_", "uniform_", "bernoulli", "normal_", "randint", "rand")
+COPY = ("copy_", "aten::to", "_to_copy", "contiguous", "clone", "aten::cat", "index_select")
+
+
+def category(name: str, under_optimiser: bool) -> str:
+    if under_optimiser:
+        return "optimiser"
+    if name in GEMM:
+        return "gemm"
+    if any(key in name for key in AGGREGATION):
+        return "aggregation"
+    if any(key in name for key in RNG):
+        return "rng"
+    if any(key in name for key in COPY):
+        return "copy"
+    return "elementwise"
+
+
+def under_optimiser(event) -> bool:
+    """Whether the nearest enclosing scope of ``event`` is the optimiser's own work: Lightning runs
+    the forward and backward inside ``optimizer.step(closure)``, so those scopes are closer."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(("Optimizer.step", "Optimizer.zero_grad")):
+            return True
+        if parent.name.startswith(("autograd::engine", TRAINING_STEP)):
+            return False
+        parent = parent.cpu_parent
+    return False
+
+
+def split_by_category(events: Iterable, cuda: bool) -> dict[str, float]:
+    """Seconds of operator self time per category, over ``events`` of one profile."""
+    totals: dict[str, float] = defaultdict(float)
+    for event in events:
+        if not event.name.startswith("aten::"):
+            continue
+        self_us = event.self_device_time_total if cuda else event.self_cpu_time_total
+        totals[category(event.name, under_optimiser(event))] += self_us * 1e-6
+    return totals
+
+
+def scoped_training_step(module):
+    """``module`` with its ``training_step`` inside a profiler scope of that name."""
+    step = module.training_step
+
+    def training_step(*args, **kwargs):
+        with record_function(TRAINING_STEP):
+            return step(*args, **kwargs)
+
+    module.training_step = training_step
+    return module
+
+
+def recipe_objects(data: str, model: str, extra: list[str]):
+    """Dataset, sampler, LightningModule and loader config, exactly as ``recipes/train.py`` builds them."""
+    from hydra import compose, initialize_config_dir
+    from train import build_sampler
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"data={data}", f"model={model}", *extra])
+    dataset = instantiate(cfg.data)
+    sampler = build_sampler(instantiate(cfg.model.sampler), dataset)
+
+    def make_module():
+        pl.seed_everything(cfg.seed)
+        return instantiate(cfg.model.module)(
+            in_dim=dataset.num_features,
+            num_classes=dataset.num_classes,
+            metric=dataset.metric,
+            multilabel=dataset.multilabel,
+        )
+
+    return dataset, sampler, make_module, cfg
+
+
+def sample_batches(dataset, sampler, batch_size: int, steps: int, seed: int, device: torch.device) -> list:
+    seeds = epoch_batches(dataset.train_idx, batch_size, 0, seed=seed)
+    while len(seeds) < steps:
+        seeds = seeds + seeds
+    out = []
+    for i, s in enumerate(seeds[:steps]):
+        with torch.random.fork_rng(devices=[]):
+            batch = produce_batch(sampler, s, dataset.features, dataset.labels, batch_rng_seed(seed, 0, i), i)
+        out.append(batch.to(device))
+    return out
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bare_loop(module, batches: list, device: torch.device) -> list[float]:
+    """Wall time of each step of a plain PyTorch loop over ``batches``."""
+    module.to(device).train()
+    opt = module.configure_optimizers()
+    times = []
+    for i, batch in enumerate(batches):
+        sync(device)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = module.training_step(batch, i)
+        loss.backward()
+        opt.step()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+class _StepClock(pl.Callback):
+    """Wall time from one training batch's start to the next one's (the trainer's whole step)."""
+
+    def __init__(self):
+        self.starts: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        sync(pl_module.device)
+        self.starts.append(time.perf_counter())
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        sync(pl_module.device)
+        self.starts.append(time.perf_counter())
+
+    def times(self) -> list[float]:
+        return [b - a for a, b in zip(self.starts, self.starts[1:])]
+
+
+def trainer_loop(module, batches: list, device: torch.device, cfg) -> list[float]:
+    """Wall time of each step of ``Trainer.fit`` with the recipe's trainer config and callbacks."""
+    from train import recipe_callbacks
+
+    clock = _StepClock()
+    strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
+    trainer = instantiate(
+        cfg.trainer,
+        accelerator=device.type,
+        max_epochs=1,
+        max_steps=-1,
+        limit_val_batches=0,
+        default_root_dir=str(REPO / "bench_out" / "step_trainer"),
+        callbacks=[clock, *recipe_callbacks(cfg, strategy)],
+        strategy=strategy,
+    )
+    trainer.fit(module, train_dataloaders=_Batches(batches))
+    return clock.times()
+
+
+class _Batches:
+    def __init__(self, batches: list):
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        for batch in self.batches:
+            batch.meta.setdefault("wait_s", 0.0)
+            yield batch
+
+
+def measure(loop: str, make_module, batches: list, device: torch.device, cfg, warmup: int) -> dict:
+    run = (
+        (lambda m: bare_loop(m, batches, device))
+        if loop == "bare"
+        else (lambda m: trainer_loop(m, batches, device, cfg))
+    )
+    step_s = statistics.median(run(make_module())[warmup:])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        profiled_steps = len(run(scoped_training_step(make_module())))
+    split = split_by_category(prof.events(), device.type == "cuda")
+    per_step = {k: split.get(k, 0.0) / profiled_steps for k in CATEGORIES}
+    busy = sum(per_step.values())
+    per_step["rest"] = max(step_s - busy, 0.0)
+    return {"step": step_s, **per_step}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.py step", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default="products_like_200k", help="a conf/data config")
+    parser.add_argument("--models", default="sage,gcn", help="conf/model configs, comma separated")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5, help="steps left out of the timed median")
+    parser.add_argument("--loops", default="bare,trainer")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--extra", default="", help="more recipe overrides, space separated")
+    parser.add_argument("--out", type=Path, default=REPO / "bench_out" / "step.md")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    rows = [
+        "| model | loop | step ms | GEMM ms | aggregation ms | elementwise ms | RNG ms | copies ms | "
+        f"optimiser ms | {'host (GPU idle)' if device.type == 'cuda' else 'rest'} ms | step / floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model in args.models.split(","):
+        dataset, sampler, make_module, cfg = recipe_objects(args.data, model, args.extra.split())
+        batches = sample_batches(dataset, sampler, args.batch_size, args.steps, cfg.seed, device)
+        for loop in args.loops.split(","):
+            r = measure(loop, make_module, batches, device, cfg, args.warmup)
+            ms = {k: 1e3 * v for k, v in r.items()}
+            rows.append(
+                f"| {model} | {loop} | {ms['step']:.2f} | {ms['gemm']:.2f} | {ms['aggregation']:.2f} | "
+                f"{ms['elementwise']:.2f} | {ms['rng']:.2f} | {ms['copy']:.2f} | {ms['optimiser']:.2f} | "
+                f"{ms['rest']:.2f} | {r['step'] / max(r['gemm'], 1e-9):.2f}x |"
+            )
+            print(rows[-1], flush=True)
+    header = machine_header("step", argv)
+    header.insert(2, f"- data {args.data}, batch {args.batch_size}, {torch.get_num_threads()} torch threads")
+    write_report("Training step vs its GEMM floor", header, rows, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
