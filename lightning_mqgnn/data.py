@@ -6,12 +6,12 @@ import time
 from collections.abc import Iterator
 
 import lightning.pytorch as pl
-import torch
 
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models.inference import FullGraphLoader
 from lightning_mqgnn.pipeline.loader import FeatureCache, PipelinedLoader
-from lightning_mqgnn.pipeline.produce import produce_batch
+from lightning_mqgnn.pipeline.produce import produce_here
+from lightning_mqgnn.pipeline.producer_choice import PRODUCERS
 from lightning_mqgnn.pipeline.schedule import batch_rng_seed, epoch_batches, num_batches
 from lightning_mqgnn.pipeline.workers import check_start_method, default_num_workers
 from lightning_mqgnn.sampling.base import Sampler
@@ -28,7 +28,9 @@ class MQGNNDataModule(pl.LightningDataModule):
     baseline). ``mode="pipeline"``: the MQ-GNN multi-queue pipeline (``PipelinedLoader``) with
     ``num_workers`` sampler processes (default: the cores of this rank less one), a CPU queue of
     ``cpu_queue_size`` batches and a device queue of ``queue_size`` batches (int, or ``"auto"``
-    for eq. 24-25). Both modes seed each batch's sampling from (seed, epoch, batch index), so they
+    for eq. 24-25). ``producer="auto"`` times an epoch made by the workers against one made in the
+    training thread with every core, and keeps the faster (``ProducerChoice``); ``"workers"``
+    always uses the workers. Both modes seed each batch's sampling from (seed, epoch, batch index), so they
     train on identical batches. Each rank trains on its own disjoint share of the seeds every
     epoch (``epoch_batches``). ``feature_cache`` (e.g. GNS) is refreshed at every epoch start;
     its rows are kept on the device and merged into ``batch.features`` before the model sees it.
@@ -51,6 +53,7 @@ class MQGNNDataModule(pl.LightningDataModule):
         warmup_batches: int = 5,
         window_batches: int = 20,
         memory_margin: float = 0.1,
+        producer: str = "auto",
         feature_cache: FeatureCache | None = None,
     ):
         super().__init__()
@@ -61,6 +64,8 @@ class MQGNNDataModule(pl.LightningDataModule):
         if queue_size != "auto" and (not isinstance(queue_size, int) or queue_size < 1):
             raise ValueError(f"queue_size must be a positive int or 'auto', got {queue_size!r}")
         check_start_method(start_method, worker_threads)
+        if producer not in PRODUCERS:
+            raise ValueError(f"producer must be one of {PRODUCERS}, got {producer!r}")
         if not 0.0 <= memory_margin < 1.0:
             raise ValueError(f"memory_margin must be in [0, 1), got {memory_margin}")
         self.dataset = dataset
@@ -78,6 +83,7 @@ class MQGNNDataModule(pl.LightningDataModule):
         self.warmup_batches = warmup_batches
         self.window_batches = window_batches
         self.memory_margin = memory_margin
+        self.producer = producer
         self.feature_cache = feature_cache
         self.pipeline_loader: PipelinedLoader | None = None
 
@@ -185,16 +191,15 @@ class SequentialLoader:
             cache_rows = ds.features.index_select(0, cache.nodes)
         for i, seeds in enumerate(dm.epoch_seeds(epoch)):
             t0 = time.perf_counter()
-            with torch.random.fork_rng(devices=[]):  # the model's random stream stays untouched
-                batch = produce_batch(
-                    dm.sampler,
-                    seeds,
-                    ds.features,
-                    ds.labels,
-                    batch_rng_seed(dm.seed, epoch, i),
-                    i,
-                    cache.slot if cache is not None else None,
-                )
+            batch = produce_here(
+                dm.sampler,
+                seeds,
+                ds.features,
+                ds.labels,
+                batch_rng_seed(dm.seed, epoch, i),
+                i,
+                cache.slot if cache is not None else None,
+            )
             if cache is not None:
                 batch.features = batch.input_features(cache_rows)
                 batch.cache_slots = None

@@ -42,6 +42,7 @@ class Recorder(pl.Callback):
 
     def __init__(self, act_at: int = -1, action=None):
         self.indices: dict[int, list[int]] = {}
+        self.producers: dict[int, set[str]] = {}
         self.pids: set[int] = set()
         self.act_at = act_at
         self.action = action
@@ -49,6 +50,7 @@ class Recorder(pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.indices.setdefault(trainer.current_epoch, []).append(batch.meta["index"])
+        self.producers.setdefault(trainer.current_epoch, set()).add(batch.meta["producer"])
         self.pids.update(trainer.datamodule.pipeline_loader.worker_pids())
         if batch_idx == self.act_at and self.action is not None and self.acted_at is None:
             self.acted_at = time.monotonic()
@@ -161,7 +163,9 @@ def test_workers_exit_when_the_training_process_is_killed(tmp_path, start_method
     assert_gone(pids, within_s=5.0)
 
 
-def train_both_modes(ds, epochs: int, num_workers: int, seed: int, model_seed: int, callbacks=()):
+def train_both_modes(
+    ds, epochs: int, num_workers: int, seed: int, model_seed: int, callbacks=(), producer: str = "workers"
+):
     """Parameters after training in each mode, and the pipelined DataModule."""
     params = {}
     for mode in ("sequential", "pipeline"):
@@ -172,6 +176,7 @@ def train_both_modes(ds, epochs: int, num_workers: int, seed: int, model_seed: i
             mode=mode,
             num_workers=num_workers,
             seed=seed,
+            producer=producer,
         )
         model = seeded_module(ds, seed=model_seed)
         trainer = make_trainer(
@@ -188,6 +193,23 @@ def test_pipeline_trains_exactly_like_the_sequential_loop(ds):
     for key in ("train/loss", "val/metric"):
         assert float(ta.callback_metrics[key]) == float(tb.callback_metrics[key])
     assert torch.equal(pa, pb)
+
+
+def test_auto_producer_times_workers_then_the_trainer_keeps_the_faster_and_trains_identically(ds):
+    # 7 batches an epoch, the first 2 untimed: two epochs on the workers give the 8 timings,
+    # then two in the training thread, then the faster for good; batches stay the sequential ones
+    rec = Recorder()
+    params, dm = train_both_modes(
+        ds, epochs=6, num_workers=1, seed=3, model_seed=4, callbacks=[rec], producer="auto"
+    )
+    assert dm.num_train_batches() == 7
+    choice = dm.pipeline_loader.producers
+    assert [len(t) for t in choice.times.values()] == [10, 10]
+    assert choice.chosen in ("workers", "trainer")
+    assert [rec.producers[e] for e in range(6)] == [{"workers"}] * 2 + [{"trainer"}] * 2 + [
+        {choice.chosen}
+    ] * 2
+    assert torch.equal(params["sequential"][1], params["pipeline"][1])
 
 
 def test_later_epochs_open_on_a_head_start_and_train_identically(ds):

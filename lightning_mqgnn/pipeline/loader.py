@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.pipeline.device_queue import DeviceQueue
-from lightning_mqgnn.pipeline.produce import sample_batch
+from lightning_mqgnn.pipeline.produce import produce_here, sample_batch
+from lightning_mqgnn.pipeline.producer_choice import ProducerChoice
 from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize, QueueSizeEstimate
 from lightning_mqgnn.pipeline.schedule import batch_rng_seed
 from lightning_mqgnn.pipeline.transfer import DeviceMover, batch_nbytes
@@ -84,6 +85,7 @@ class PipelinedLoader:
         self.start_method = dm.start_method
         self.worker_threads = dm.worker_threads
         self._device = device
+        self.producers = ProducerChoice(dm.producer)
         self.sizer = AdaptiveQueueSize(
             device="cpu", warmup=dm.warmup_batches, window=dm.window_batches, margin=dm.memory_margin
         )
@@ -111,10 +113,14 @@ class PipelinedLoader:
         trainer = self.dm.trainer
         return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
 
-    def _ensure_started(self) -> SamplerWorkerPool:
+    def _ensure_mover(self) -> DeviceMover:
         if self.mover is None:
             self.mover = DeviceMover(self.device())
             self.sizer.device = self.mover.device
+        return self.mover
+
+    def _ensure_started(self) -> SamplerWorkerPool:
+        self._ensure_mover()
         if self.pool is None or not self.pool.running:
             ds = self.dm.dataset
             cache = self.dm.feature_cache
@@ -177,24 +183,34 @@ class PipelinedLoader:
             self.pool.submit(head.generation, head.submitted, head.batches[head.submitted], rng)
             head.submitted += 1
 
-    def _begin_epoch(self) -> tuple[int, list[Tensor], _HeadStart | None]:
-        pool = self._ensure_started()
+    def _begin_epoch(self) -> tuple[int, list[Tensor], _HeadStart | None, str]:
         epoch = self.dm.current_epoch()
+        producer = self.producers.producer()
         head, self._head = self._head, None
-        if head is not None and head.epoch == epoch:
-            self.head_starts_used += 1
-            return epoch, head.batches, head
-        pool.drain()  # workers idle: safe to refresh the shared cache slots
+        if producer == "workers":
+            self._ensure_started()
+            if head is not None and head.epoch == epoch:
+                self.head_starts_used += 1
+                return epoch, head.batches, head, producer
+        else:
+            self._ensure_mover()
+            if self.producers.chosen == "trainer" and self.pool is not None:
+                self.pool.stop()  # chosen for good: the workers would only hold memory
+                self.pool = None
+        if self.pool is not None:
+            self.pool.drain()  # workers idle: safe to refresh the shared cache slots
         cache = self.dm.feature_cache
         if cache is not None:
             cache.refresh_(epoch)
             self.mover.set_cache(self.dm.dataset.features.index_select(0, cache.nodes).to(self.mover.device))
-        return epoch, self.dm.epoch_seeds(epoch), None
+        return epoch, self.dm.epoch_seeds(epoch), None, producer
 
     def _open_head_start(self, epoch: int) -> _HeadStart | None:
         """A head start for ``epoch`` if one is worth it (by the ending epoch's thread, or ``prime``)."""
         trainer = self.dm.trainer
         if self.dm.feature_cache is not None or trainer is None or trainer.should_stop:
+            return None
+        if self.producers.producer() != "workers":
             return None
         max_epochs = trainer.max_epochs
         if max_epochs is not None and 0 <= max_epochs <= epoch:
@@ -239,9 +255,13 @@ class _EpochRun:
         self._thread: threading.Thread | None = None
         self._threads_before: int | None = None
         self._opened_by: _HeadStart | None = None
+        self.producer: str | None = None  # "workers" or "trainer", fixed at the epoch's start
+        self._next_index = 0  # the next batch the training thread makes itself
 
     def _start(self) -> None:
-        self.epoch, self.batches, self._opened_by = self.loader._begin_epoch()
+        self.epoch, self.batches, self._opened_by, self.producer = self.loader._begin_epoch()
+        if self.producer == "trainer":
+            return  # the training thread makes every batch, on every core: no transfer thread
         if self._opened_by is not None:
             self.generation = self._opened_by.generation  # its tasks' results carry that tag
         # while the workers run, train on the cores they leave free; validation and test after
@@ -325,8 +345,10 @@ class _EpochRun:
         if self.done:
             raise StopIteration
         loader = self.loader
-        if self._thread is None:
+        if self.producer is None:
             self._start()
+        if self.producer == "trainer":
+            return self._produce_here()
         start = time.perf_counter()
         compute_s = None
         if self._last_return is not None:
@@ -363,6 +385,7 @@ class _EpochRun:
             device_queue_depth=depth,
             queue_size=self.queue.capacity,
             epoch=self.epoch,
+            producer="workers",
         )
         if compute_s is not None:
             batch.meta["prev_compute_s"] = compute_s
@@ -370,8 +393,40 @@ class _EpochRun:
             # the workers have nothing left to sample: the last step, and the validation Lightning
             # runs before it ever asks past a sized loader's end, get every thread back
             self._restore_threads()
-        self._last_return = time.perf_counter()
+        self._returned(index)
         return batch
+
+    def _produce_here(self) -> MiniBatch:
+        """The next batch, sampled and gathered in the training thread (the sequential loop's way)."""
+        index = self._next_index
+        if index >= len(self.batches):
+            self.done = True
+            raise StopIteration
+        loader = self.loader
+        dm = loader.dm
+        cache = dm.feature_cache
+        start = time.perf_counter()
+        batch = produce_here(
+            dm.sampler,
+            self.batches[index],
+            dm.dataset.features,
+            dm.dataset.labels,
+            batch_rng_seed(dm.seed, self.epoch, index),
+            index,
+            cache.slot if cache is not None else None,
+        )
+        batch = loader.mover.hand_over(*loader.mover.to_device(batch))
+        batch.meta.update(wait_s=time.perf_counter() - start, epoch=self.epoch, producer="trainer")
+        self._next_index += 1
+        self._returned(index)
+        return batch
+
+    def _returned(self, index: int) -> None:
+        """Batch ``index`` goes to the training loop: time it since the previous one (step + wait)."""
+        now = time.perf_counter()
+        if self._last_return is not None:
+            self.loader.producers.observe(self.producer, index, now - self._last_return)
+        self._last_return = now
 
     def _restore_threads(self) -> None:
         if self._threads_before is not None:

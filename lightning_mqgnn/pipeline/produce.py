@@ -41,3 +41,17 @@ def produce_batch(
     gather(batch, features, labels, cache_slot)
     batch.meta["gather_s"] = time.perf_counter() - t0
     return batch
+
+
+def produce_here(
+    sampler: Sampler,
+    seeds: Tensor,
+    features: Tensor,
+    labels: Tensor,
+    rng_seed: int,
+    index: int,
+    cache_slot: Tensor | None = None,
+) -> MiniBatch:
+    """``produce_batch`` in a process that also trains: the model's random stream stays untouched."""
+    with torch.random.fork_rng(devices=[]):
+        return produce_batch(sampler, seeds, features, labels, rng_seed, index, cache_slot)
