@@ -30,7 +30,9 @@ class MQGNNDataModule(pl.LightningDataModule):
     ``cpu_queue_size`` batches and a device queue of ``queue_size`` batches (int, or ``"auto"``
     for eq. 24-25). ``producer="auto"`` times an epoch made by the workers against one made in the
     training thread with every core, and keeps the faster (``ProducerChoice``); ``"workers"``
-    always uses the workers. Both modes seed each batch's sampling from (seed, epoch, batch index), so they
+    always uses the workers. ``aggregate_inputs``: the gather stage computes the first layer's
+    aggregation (``batch.aggregated``) instead of gathering the input rows (``batch.features``),
+    for models that accept it, as ``NodeClassifier`` does; not with a feature cache. Both modes seed each batch's sampling from (seed, epoch, batch index), so they
     train on identical batches. Each rank trains on its own disjoint share of the seeds every
     epoch (``epoch_batches``). ``feature_cache`` (e.g. GNS) is refreshed at every epoch start;
     its rows are kept on the device and merged into ``batch.features`` before the model sees it.
@@ -54,6 +56,7 @@ class MQGNNDataModule(pl.LightningDataModule):
         window_batches: int = 20,
         memory_margin: float = 0.1,
         producer: str = "auto",
+        aggregate_inputs: bool = False,
         feature_cache: FeatureCache | None = None,
     ):
         super().__init__()
@@ -84,6 +87,7 @@ class MQGNNDataModule(pl.LightningDataModule):
         self.window_batches = window_batches
         self.memory_margin = memory_margin
         self.producer = producer
+        self.aggregate_inputs = aggregate_inputs
         self.feature_cache = feature_cache
         self.pipeline_loader: PipelinedLoader | None = None
 
@@ -124,6 +128,10 @@ class MQGNNDataModule(pl.LightningDataModule):
             shuffle=self.shuffle,
             drop_last=self.drop_last,
         )
+
+    def input_aggregation(self) -> str | None:
+        """The sampler's aggregation when the gather stage aggregates the first layer, else None."""
+        return self.sampler.aggregation if self.aggregate_inputs else None
 
     def num_train_batches(self) -> int:
         _, world = self.rank_and_world()
@@ -199,6 +207,7 @@ class SequentialLoader:
                 batch_rng_seed(dm.seed, epoch, i),
                 i,
                 cache.slot if cache is not None else None,
+                dm.input_aggregation(),
             )
             if cache is not None:
                 batch.features = batch.input_features(cache_rows)

@@ -34,7 +34,11 @@ class GCNLayer(nn.Module):
     def forward(self, block: Block, h_src: Tensor, h_dst: Tensor | None = None) -> Tensor:
         if transform_first(block, self.linear.in_features, self.linear.out_features):
             return block.aggregate(self.linear(h_src)).add_(self.bias)
-        return F.linear(block.aggregate(h_src), self.linear.weight, self.bias)
+        return self.transform(block.aggregate(h_src))
+
+    def transform(self, aggregated: Tensor) -> Tensor:
+        """The layer after its aggregation: ``(P̂ H) W + b`` from ``P̂ H`` (``MiniBatch.aggregated``)."""
+        return F.linear(aggregated, self.linear.weight, self.bias)
 
 
 class SAGELayer(nn.Module):
@@ -60,11 +64,18 @@ class SAGELayer(nn.Module):
             agg = block.aggregate(self.neigh(h_src)).add_(self.self_.bias)
             return torch.addmm(agg, h_dst, self.self_.weight.t())
         if h_dst is None:
-            both = block.aggregate_with_self(h_src)
-        else:
-            both = torch.cat([block.aggregate(h_src), h_dst], 1)
+            return self.transform(block.aggregate_with_self(h_src))
+        return self.transform(torch.cat([block.aggregate(h_src), h_dst], 1))
+
+    def transform(self, aggregated: Tensor) -> Tensor:
+        """The layer after its aggregation: one GEMM on ``[A H, H_dst]`` (``MiniBatch.aggregated``)."""
+        if aggregated.shape[1] != 2 * self.neigh.in_features:
+            raise ValueError(
+                f"SAGELayer needs [A H, H_dst] ({2 * self.neigh.in_features} columns), got "
+                f"{aggregated.shape[1]}: destinations must be a source prefix (dst_in_src)"
+            )
         weight = torch.cat([self.neigh.weight, self.self_.weight], 1)
-        return F.linear(both, weight, self.self_.bias)
+        return F.linear(aggregated, weight, self.self_.bias)
 
 
 LAYERS = {"gcn": GCNLayer, "sage": SAGELayer}

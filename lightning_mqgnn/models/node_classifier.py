@@ -50,10 +50,12 @@ class NodeClassifier(pl.LightningModule):
         self.test_metric = make_metric(metric, num_classes, multilabel)
         self._inference: FullGraphInference | None = None
 
-    def forward(self, blocks: list[Block], x: Tensor) -> Tensor:
+    def forward(self, blocks: list[Block], x: Tensor, aggregated: bool = False) -> Tensor:
+        """Logits of the last block's destinations; ``aggregated``: ``x`` is the first block's
+        aggregation of the inputs (``MiniBatch.aggregated``), not their feature rows."""
         h = x
         for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-            h = layer(block, h)
+            h = layer.transform(h) if aggregated and i == 0 else layer(block, h)
             if i < len(self.layers) - 1:
                 h = self.relu_dropout(h)
         return h
@@ -63,7 +65,10 @@ class NodeClassifier(pl.LightningModule):
             raise ValueError(
                 f"mini-batch has {len(batch.blocks)} blocks, model has {len(self.layers)} layers"
             )
-        logits = self(batch.blocks, batch.input_features())
+        if batch.aggregated is not None:
+            logits = self(batch.blocks, batch.aggregated, aggregated=True)
+        else:
+            logits = self(batch.blocks, batch.input_features())
         loss = node_loss(logits, batch.labels, self.hparams.multilabel)
         if self._logging_step():
             self.log("train/loss", loss, prog_bar=True, batch_size=batch.output_nodes.numel())

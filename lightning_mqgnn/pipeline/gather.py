@@ -1,11 +1,16 @@
-"""The gather stage: attach feature rows and labels to a sampled mini-batch."""
+"""The gather stage: attach feature rows (or the first layer's aggregation of them) and labels to
+a sampled mini-batch."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 from torch import Tensor
 
-from lightning_mqgnn.pipeline.packing import RowGather
-from lightning_mqgnn.sampling.batch import MiniBatch
+from lightning_mqgnn.pipeline.packing import Deferred, RowGather
+from lightning_mqgnn.sampling.aggregate import row_sum
+from lightning_mqgnn.sampling.batch import Block, MiniBatch
 
 
 def feature_rows(batch: MiniBatch, cache_slot: Tensor | None = None) -> Tensor:
@@ -22,19 +27,83 @@ def feature_rows(batch: MiniBatch, cache_slot: Tensor | None = None) -> Tensor:
     return batch.input_nodes[slots < 0]
 
 
+@dataclass
+class InputAggregation:
+    """The first block's aggregation of the input features: ``A_0 X`` (eq. 1, GCN), or for mean
+    aggregation (GraphSAGE, eq. 17) ``[A_0 X, X_dst]``, the destinations' own rows beside it.
+
+    The first layer's weights come after this sum, so the pipeline stage that owns the batch can
+    compute it: the row sum reads ``X`` by global id, so the input rows are never gathered into
+    a copy, the batch shrinks from ``num_src`` rows to ``num_dst``, and the training step starts
+    at the first GEMM. Summation order is that of ``Block.aggregate``: training is bit-identical.
+    """
+
+    features: Tensor
+    block: Block
+    input_nodes: Tensor
+    with_self: bool
+
+    def __post_init__(self):
+        if self.with_self and not self.block.dst_in_src:
+            raise ValueError(
+                "mean aggregation (GraphSAGE) needs destinations as a source prefix (dst_in_src)"
+            )
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        width = self.features.shape[1] * (2 if self.with_self else 1)
+        return (self.block.num_dst, width)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.features.dtype
+
+    def _parts(self) -> list[Tensor]:
+        b = self.block
+        if b.num_edges == 0:
+            agg = self.features.new_zeros(b.num_dst, self.features.shape[1])
+        else:
+            ids = self.input_nodes.index_select(0, b.indices)
+            agg = row_sum(ids, self.features, b.indptr[:-1], b.weights.to(self.features.dtype))
+        if not self.with_self:
+            return [agg]
+        return [agg, self.features.index_select(0, self.input_nodes[: b.num_dst])]
+
+    def write(self, out: Tensor) -> None:
+        torch.cat(self._parts(), 1, out=out)
+
+    def value(self) -> Tensor:
+        parts = self._parts()
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
 def batch_gathers(
-    batch: MiniBatch, features: Tensor, labels: Tensor, cache_slot: Tensor | None = None
-) -> dict[str, RowGather]:
-    """The rows gathered into ``batch``: ``features`` of ``feature_rows`` and the seeds' ``labels``.
-    Workers write them straight into the packed batch; ``gather`` attaches them in place."""
-    return {
-        "features": RowGather(features, feature_rows(batch, cache_slot)),
-        "labels": RowGather(labels, batch.output_nodes),
-    }
+    batch: MiniBatch,
+    features: Tensor,
+    labels: Tensor,
+    cache_slot: Tensor | None = None,
+    input_aggregation: str | None = None,
+) -> dict[str, Deferred]:
+    """What the gather stage attaches to ``batch``: the seeds' ``labels``, and ``features`` of
+    ``feature_rows`` or, with ``input_aggregation`` (the sampler's aggregation; not with a
+    device cache, whose rows are on the device), the ``aggregated`` first layer. Workers write
+    them straight into the packed batch; ``gather`` attaches them in place."""
+    if input_aggregation is not None and cache_slot is None:
+        with_self = input_aggregation == "mean"
+        inputs = {"aggregated": InputAggregation(features, batch.blocks[0], batch.input_nodes, with_self)}
+    else:
+        inputs = {"features": RowGather(features, feature_rows(batch, cache_slot))}
+    return {**inputs, "labels": RowGather(labels, batch.output_nodes)}
 
 
-def gather(batch: MiniBatch, features: Tensor, labels: Tensor, cache_slot: Tensor | None = None) -> MiniBatch:
-    """Fill ``batch.features`` (the rows of ``feature_rows``) and ``batch.labels``."""
-    for name, rows in batch_gathers(batch, features, labels, cache_slot).items():
-        setattr(batch, name, rows.source.index_select(0, rows.rows))
+def gather(
+    batch: MiniBatch,
+    features: Tensor,
+    labels: Tensor,
+    cache_slot: Tensor | None = None,
+    input_aggregation: str | None = None,
+) -> MiniBatch:
+    """Attach the ``batch_gathers`` to ``batch`` (in place)."""
+    for name, deferred in batch_gathers(batch, features, labels, cache_slot, input_aggregation).items():
+        setattr(batch, name, deferred.value())
     return batch

@@ -135,6 +135,7 @@ class PipelinedLoader:
                 # batches alive at once: CPU queue, device queue, and a few held by the trainer
                 max_slots=self.cpu_capacity + (self.fixed_q or SLOTS_FOR_AUTO_Q) + 4,
                 pin_slots=self.mover.cuda,  # the CPU queue in page-locked memory
+                input_aggregation=self.dm.input_aggregation(),
             )
             if self.pool.start_method != "fork":
                 ds.share_memory_()  # once: spawned workers then map the graph instead of unpickling copies
@@ -414,6 +415,7 @@ class _EpochRun:
             batch_rng_seed(dm.seed, self.epoch, index),
             index,
             cache.slot if cache is not None else None,
+            dm.input_aggregation(),
         )
         batch = loader.mover.hand_over(*loader.mover.to_device(batch))
         batch.meta.update(wait_s=time.perf_counter() - start, epoch=self.epoch, producer="trainer")

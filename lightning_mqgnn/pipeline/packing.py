@@ -20,6 +20,7 @@ import math
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -29,9 +30,23 @@ from lightning_mqgnn.pipeline.transfer import pin_in_place
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 
 _ALIGN = 64
-_BATCH_TENSORS = ("input_nodes", "output_nodes", "features", "labels", "cache_slots")
+_BATCH_TENSORS = ("input_nodes", "output_nodes", "features", "labels", "cache_slots", "aggregated")
 _BLOCK_TENSORS = ("indptr", "indices", "weights")
 SLOT_HEADROOM = 1.25  # slots are this much bigger than the largest batch seen
+
+
+class Deferred(Protocol):
+    """A tensor the packer computes straight into the buffer, instead of copying it there."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def write(self, out: Tensor) -> None: ...
+
+    def value(self) -> Tensor: ...
 
 
 @dataclass
@@ -51,6 +66,9 @@ class RowGather:
 
     def write(self, out: Tensor) -> None:
         torch.index_select(self.source, 0, self.rows, out=out)
+
+    def value(self) -> Tensor:
+        return self.source.index_select(0, self.rows)
 
 
 @dataclass
@@ -94,7 +112,7 @@ def _view(buffer: Tensor, entry) -> Tensor | None:
     return buffer[off : off + _nbytes(dtype, shape)].view(dtype).view(shape)
 
 
-def _layout(batch: MiniBatch, gathers: dict[str, RowGather] | None) -> tuple[list, dict, int]:
+def _layout(batch: MiniBatch, gathers: dict[str, Deferred] | None) -> tuple[list, dict, int]:
     """``(named tensors, layout, total bytes)`` of ``batch`` packed with ``gathers``."""
     gathers = gathers or {}
     named = [(name, gathers.get(name, t)) for name, t in _named_tensors(batch)]
@@ -109,14 +127,14 @@ def _layout(batch: MiniBatch, gathers: dict[str, RowGather] | None) -> tuple[lis
     return named, layout, max(offset, _ALIGN)
 
 
-def packed_nbytes(batch: MiniBatch, gathers: dict[str, RowGather] | None = None) -> int:
+def packed_nbytes(batch: MiniBatch, gathers: dict[str, Deferred] | None = None) -> int:
     """Bytes ``pack_batch`` would use for ``batch``, without packing it."""
     return _layout(batch, gathers)[2]
 
 
 def pack_batch(
     batch: MiniBatch,
-    gathers: dict[str, RowGather] | None = None,
+    gathers: dict[str, Deferred] | None = None,
     slot: Tensor | None = None,
     slot_id: int = -1,
 ) -> PackedBatch:
@@ -129,10 +147,10 @@ def pack_batch(
         if t is None or math.prod(t.shape) == 0:
             continue
         out = _view(buffer, layout[name])
-        if isinstance(t, RowGather):
-            t.write(out)
-        else:
+        if isinstance(t, Tensor):
             out.copy_(t)
+        else:
+            t.write(out)
     info = [(b.num_dst, b.num_src, b.dst_in_src) for b in batch.blocks]
     if in_slot:
         return PackedBatch(None, layout, info, batch.meta, nbytes, slot_id)

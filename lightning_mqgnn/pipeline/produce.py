@@ -34,11 +34,12 @@ def produce_batch(
     rng_seed: int,
     index: int,
     cache_slot: Tensor | None = None,
+    input_aggregation: str | None = None,
 ) -> MiniBatch:
     """``sample_batch`` then ``gather`` (time in ``batch.meta["gather_s"]``)."""
     batch = sample_batch(sampler, seeds, rng_seed, index)
     t0 = time.perf_counter()
-    gather(batch, features, labels, cache_slot)
+    gather(batch, features, labels, cache_slot, input_aggregation)
     batch.meta["gather_s"] = time.perf_counter() - t0
     return batch
 
@@ -51,7 +52,8 @@ def produce_here(
     rng_seed: int,
     index: int,
     cache_slot: Tensor | None = None,
+    input_aggregation: str | None = None,
 ) -> MiniBatch:
     """``produce_batch`` in a process that also trains: the model's random stream stays untouched."""
     with torch.random.fork_rng(devices=[]):
-        return produce_batch(sampler, seeds, features, labels, rng_seed, index, cache_slot)
+        return produce_batch(sampler, seeds, features, labels, rng_seed, index, cache_slot, input_aggregation)

@@ -21,7 +21,14 @@ from lightning_mqgnn.sampling.batch import MiniBatch
 def batch_nbytes(batch: MiniBatch) -> int:
     """Bytes held by a mini-batch's tensors (M_mini-batch of eq. 25)."""
     total = 0
-    for t in (batch.input_nodes, batch.output_nodes, batch.features, batch.labels, batch.cache_slots):
+    for t in (
+        batch.input_nodes,
+        batch.output_nodes,
+        batch.features,
+        batch.labels,
+        batch.cache_slots,
+        batch.aggregated,
+    ):
         if t is not None:
             total += t.numel() * t.element_size()
     for b in batch.blocks:

@@ -129,6 +129,7 @@ def _worker_main(
     features: Tensor,
     labels: Tensor,
     cache_slot: Tensor | None,
+    input_aggregation: str | None,
     tasks: mp.Queue,
     results: mp.Queue,
     num_threads: int,
@@ -163,7 +164,7 @@ def _worker_main(
             batch = sample_batch(sampler, torch.from_numpy(seeds), rng_seed, index)
             t0 = time.perf_counter()
             # gather the rows straight into the lent slot (or a fresh segment): no extra copy
-            gathers = batch_gathers(batch, features, labels, cache_slot)
+            gathers = batch_gathers(batch, features, labels, cache_slot, input_aggregation)
             batch.meta["worker"] = worker_id
             packed = pack_batch(batch, gathers, slot, slot_id)
             batch.meta["gather_s"] = time.perf_counter() - t0
@@ -235,6 +236,7 @@ class SamplerWorkerPool:
         worker_threads: int = 1,
         max_slots: int = 0,
         pin_slots: bool = False,
+        input_aggregation: str | None = None,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -244,6 +246,7 @@ class SamplerWorkerPool:
         self.features = features
         self.labels = labels
         self.cache_slot = cache_slot
+        self.input_aggregation = input_aggregation
         self.num_workers = num_workers
         self.start_method = choose_start_method(start_method, worker_threads)
         self.worker_threads = worker_threads
@@ -271,7 +274,10 @@ class SamplerWorkerPool:
         segment: ~25 ms a batch measured, its unmapping (~5 ms) on the training thread."""
         if self.arena.slot_bytes == 0:
             self.arena.observe(
-                packed_nbytes(probe, batch_gathers(probe, self.features, self.labels, self.cache_slot))
+                packed_nbytes(
+                    probe,
+                    batch_gathers(probe, self.features, self.labels, self.cache_slot, self.input_aggregation),
+                )
             )
 
     def start(self) -> None:
@@ -294,6 +300,7 @@ class SamplerWorkerPool:
                     self.features,
                     self.labels,
                     self.cache_slot,
+                    self.input_aggregation,
                     self._tasks[i],
                     self._results,
                     self.worker_threads,

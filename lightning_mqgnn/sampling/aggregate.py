@@ -34,7 +34,9 @@ def _check_constant(weights: Tensor) -> None:
         raise ValueError("block weights are sampling constants and cannot take gradients")
 
 
-def _row_sum(indices: Tensor, h: Tensor, offsets: Tensor, weights: Tensor) -> Tensor:
+def row_sum(indices: Tensor, h: Tensor, offsets: Tensor, weights: Tensor) -> Tensor:
+    """``out[i] = Σ_{e in row i} weights[e] · h[indices[e]]``, rows starting at ``offsets`` (no
+    autograd of its own: the functions above and the gather stage call it)."""
     return F.embedding_bag(indices, h, offsets, mode="sum", per_sample_weights=weights)
 
 
@@ -49,7 +51,7 @@ def _transposed_row_sum(
     order = torch.argsort(indices)
     src_counts = torch.bincount(indices, minlength=num_src)
     offsets = torch.cumsum(src_counts, 0) - src_counts
-    return _row_sum(dst.index_select(0, order), grad.contiguous(), offsets, weights.index_select(0, order))
+    return row_sum(dst.index_select(0, order), grad.contiguous(), offsets, weights.index_select(0, order))
 
 
 class _WeightedRowSum(torch.autograd.Function):
@@ -57,7 +59,7 @@ class _WeightedRowSum(torch.autograd.Function):
     def forward(ctx, h: Tensor, indptr: Tensor, indices: Tensor, weights: Tensor) -> Tensor:
         ctx.save_for_backward(indptr, indices, weights)
         ctx.num_src = h.shape[0]
-        return _row_sum(indices, h, indptr[:-1], weights)
+        return row_sum(indices, h, indptr[:-1], weights)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -75,7 +77,7 @@ class _WeightedRowSumWithSelf(torch.autograd.Function):
         rows = indptr.numel() - 1
         if indices.numel() == 0:
             return torch.cat([h.new_zeros(rows, h.shape[1]), h[:rows]], 1)
-        return torch.cat([_row_sum(indices, h, indptr[:-1], weights), h[:rows]], 1)
+        return torch.cat([row_sum(indices, h, indptr[:-1], weights), h[:rows]], 1)
 
     @staticmethod
     def backward(ctx, grad: Tensor):

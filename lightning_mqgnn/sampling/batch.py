@@ -90,6 +90,10 @@ class MiniBatch:
     the gather stage fills ``features`` (rows of ``input_nodes``) and ``labels`` (of
     ``output_nodes``). With a device feature cache, ``cache_slots[i]`` is the cache row of input
     node ``i`` (or -1) and ``features`` holds only the uncached rows, in input order.
+
+    With the input aggregated in the gather stage, ``features`` is None and ``aggregated`` holds
+    what the first layer would compute before its weights: ``[A_0 X, X_dst]`` for mean
+    aggregation (GraphSAGE, ``Block.aggregate_with_self``), ``A_0 X`` for GCN (``Block.aggregate``).
     """
 
     input_nodes: Tensor
@@ -98,6 +102,7 @@ class MiniBatch:
     features: Tensor | None = None
     labels: Tensor | None = None
     cache_slots: Tensor | None = None
+    aggregated: Tensor | None = None
     meta: dict = field(default_factory=dict)  # small per-batch facts (batch index, timings)
 
     @property
@@ -128,6 +133,11 @@ class MiniBatch:
     def input_features(self, cache: Tensor | None = None) -> Tensor:
         """Feature rows of ``input_nodes``, merging cached rows from ``cache`` when present."""
         if self.features is None:
+            if self.aggregated is not None:
+                raise ValueError(
+                    "mini-batch carries its first layer's aggregation (batch.aggregated), not feature rows: "
+                    "build the DataModule with aggregate_inputs=False to get batch.features"
+                )
             raise ValueError("mini-batch has no gathered features; run the gather stage first")
         if self.cache_slots is None:
             return self.features

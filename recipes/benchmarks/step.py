@@ -116,14 +116,19 @@ def recipe_objects(data: str, model: str, extra: list[str]):
     return dataset, sampler, make_module, cfg
 
 
-def sample_batches(dataset, sampler, batch_size: int, steps: int, seed: int, device: torch.device) -> list:
+def sample_batches(dataset, sampler, cfg, batch_size: int, steps: int, device: torch.device) -> list:
+    """``steps`` batches made as the recipe's loader config makes them."""
+    seed = cfg.seed
+    aggregation = sampler.aggregation if cfg.loader.get("aggregate_inputs") else None
     seeds = epoch_batches(dataset.train_idx, batch_size, 0, seed=seed)
     while len(seeds) < steps:
         seeds = seeds + seeds
     out = []
     for i, s in enumerate(seeds[:steps]):
         with torch.random.fork_rng(devices=[]):
-            batch = produce_batch(sampler, s, dataset.features, dataset.labels, batch_rng_seed(seed, 0, i), i)
+            batch = produce_batch(
+                sampler, s, dataset.features, dataset.labels, batch_rng_seed(seed, 0, i), i, None, aggregation
+            )
         out.append(batch.to(device))
     return out
 
@@ -241,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for model in args.models.split(","):
         dataset, sampler, make_module, cfg = recipe_objects(args.data, model, args.extra.split())
-        batches = sample_batches(dataset, sampler, args.batch_size, args.steps, cfg.seed, device)
+        batches = sample_batches(dataset, sampler, cfg, args.batch_size, args.steps, device)
         for loop in args.loops.split(","):
             r = measure(loop, make_module, batches, device, cfg, args.warmup)
             ms = {k: 1e3 * v for k, v in r.items()}
