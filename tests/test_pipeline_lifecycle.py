@@ -203,7 +203,7 @@ def test_auto_producer_times_workers_then_the_trainer_keeps_the_faster_and_train
         ds, epochs=6, num_workers=1, seed=3, model_seed=4, callbacks=[rec], producer="auto"
     )
     assert dm.num_train_batches() == 7
-    choice = dm.pipeline_loader.producers
+    choice = dm.pipeline_loader.producer_choice
     assert [len(t) for t in choice.times.values()] == [10, 10]
     assert choice.chosen in ("workers", "trainer")
     assert [rec.producers[e] for e in range(6)] == [{"workers"}] * 2 + [{"trainer"}] * 2 + [

@@ -85,7 +85,7 @@ class PipelinedLoader:
         self.start_method = dm.start_method
         self.worker_threads = dm.worker_threads
         self._device = device
-        self.producers = ProducerChoice(dm.producer)
+        self.producer_choice = ProducerChoice(dm.producer)
         self.sizer = AdaptiveQueueSize(
             device="cpu", warmup=dm.warmup_batches, window=dm.window_batches, margin=dm.memory_margin
         )
@@ -186,7 +186,7 @@ class PipelinedLoader:
 
     def _begin_epoch(self) -> tuple[int, list[Tensor], _HeadStart | None, str]:
         epoch = self.dm.current_epoch()
-        producer = self.producers.producer()
+        producer = self.producer_choice.producer()
         head, self._head = self._head, None
         if producer == "workers":
             self._ensure_started()
@@ -195,7 +195,7 @@ class PipelinedLoader:
                 return epoch, head.batches, head, producer
         else:
             self._ensure_mover()
-            if self.producers.chosen == "trainer" and self.pool is not None:
+            if self.producer_choice.chosen == "trainer" and self.pool is not None:
                 self.pool.stop()  # chosen for good: the workers would only hold memory
                 self.pool = None
         if self.pool is not None:
@@ -211,7 +211,7 @@ class PipelinedLoader:
         trainer = self.dm.trainer
         if self.dm.feature_cache is not None or trainer is None or trainer.should_stop:
             return None
-        if self.producers.producer() != "workers":
+        if self.producer_choice.producer() != "workers":
             return None
         max_epochs = trainer.max_epochs
         if max_epochs is not None and 0 <= max_epochs <= epoch:
@@ -427,7 +427,7 @@ class _EpochRun:
         """Batch ``index`` goes to the training loop: time it since the previous one (step + wait)."""
         now = time.perf_counter()
         if self._last_return is not None:
-            self.loader.producers.observe(self.producer, index, now - self._last_return)
+            self.loader.producer_choice.observe(self.producer, index, now - self._last_return)
         self._last_return = now
 
     def _restore_threads(self) -> None:

@@ -44,16 +44,8 @@ def produce_batch(
     return batch
 
 
-def produce_here(
-    sampler: Sampler,
-    seeds: Tensor,
-    features: Tensor,
-    labels: Tensor,
-    rng_seed: int,
-    index: int,
-    cache_slot: Tensor | None = None,
-    input_aggregation: str | None = None,
-) -> MiniBatch:
-    """``produce_batch`` in a process that also trains: the model's random stream stays untouched."""
+def produce_here(*args, **kwargs) -> MiniBatch:
+    """``produce_batch(*args, **kwargs)`` in a process that also trains: the model's random
+    stream stays untouched."""
     with torch.random.fork_rng(devices=[]):
-        return produce_batch(sampler, seeds, features, labels, rng_seed, index, cache_slot, input_aggregation)
+        return produce_batch(*args, **kwargs)

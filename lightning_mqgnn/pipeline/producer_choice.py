@@ -25,7 +25,7 @@ class ProducerChoice:
     ``workers``: always the workers."""
 
     policy: str = "auto"
-    samples: int = 8
+    samples: int = 6
     skip: int = 2
     times: dict[str, list[float]] = field(default_factory=lambda: {"workers": [], "trainer": []})
     chosen: str | None = None
