@@ -13,6 +13,8 @@ per-operator self time (CPU time on CPU, kernel time on CUDA) is sorted into GEM
 ``addmm``, ``bmm``: the floor), aggregation, elementwise, RNG, copies and the optimiser; on CPU
 "rest" is the wall time no operator accounts for (Python, hooks, logging), on CUDA "host" is the
 wall time the GPU is not running a kernel. ``step / floor`` is the timed step over GEMM time.
+Steps are timed start to start without a synchronisation each, so on CUDA a step's time is the
+pace of the slower of host and device, as in training.
 """
 
 from __future__ import annotations
@@ -139,30 +141,35 @@ def sync(device: torch.device) -> None:
 
 
 def bare_loop(module, batches: list, device: torch.device) -> list[float]:
-    """Wall time of each step of a plain PyTorch loop over ``batches``."""
+    """Time between the starts of consecutive steps of a plain PyTorch loop over ``batches``.
+
+    No synchronisation per step: on CUDA the host runs ahead until the device's queue pushes
+    back, so in steady state these intervals are the pace of whichever side is slower."""
     module.to(device).train()
     opt = module.configure_optimizers()
-    times = []
+    sync(device)
+    starts = []
     for i, batch in enumerate(batches):
-        sync(device)
-        t0 = time.perf_counter()
+        starts.append(time.perf_counter())
         opt.zero_grad(set_to_none=True)
         loss = module.training_step(batch, i)
         loss.backward()
         opt.step()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return times
+    sync(device)
+    starts.append(time.perf_counter())
+    return [b - a for a, b in zip(starts, starts[1:])]
 
 
 class _StepClock(pl.Callback):
-    """Wall time from one training batch's start to the next one's (the trainer's whole step)."""
+    """Time from one training batch's start to the next one's (the trainer's whole step), with no
+    synchronisation per step, as in ``bare_loop``."""
 
     def __init__(self):
         self.starts: list[float] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        sync(pl_module.device)
+        if not self.starts:
+            sync(pl_module.device)
         self.starts.append(time.perf_counter())
 
     def on_train_end(self, trainer, pl_module) -> None:
