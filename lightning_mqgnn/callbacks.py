@@ -56,7 +56,9 @@ class BatchEarlyStopping(pl.Callback):
 
 class BatchTimer(pl.Callback):
     """Wall time of every training batch (from the previous batch's end, so waiting for data
-    counts; validation time does not) and the total training time of ``fit``."""
+    counts; validation time does not) and the total training time of ``fit``. On CUDA only the
+    epoch and validation boundaries synchronise the device: a wait for the GPU every step
+    would stop the host from queueing the next step's kernels."""
 
     def __init__(self, trim: int = 20):
         self.trim = trim
@@ -68,8 +70,8 @@ class BatchTimer(pl.Callback):
         self._val_start = 0.0
 
     @staticmethod
-    def _now(pl_module: pl.LightningModule) -> float:
-        if pl_module.device.type == "cuda":
+    def _now(pl_module: pl.LightningModule, sync: bool = True) -> float:
+        if sync and pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         return time.perf_counter()
 
@@ -82,7 +84,9 @@ class BatchTimer(pl.Callback):
         self._last = self._now(pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        now = self._now(pl_module)
+        # no synchronisation per batch: the host may run a few kernels ahead, so a batch's time
+        # is the pace of the slower side; epoch and validation boundaries synchronise
+        now = self._now(pl_module, sync=False)
         self.batch_times.append(now - self._last)
         self._last = now
 
