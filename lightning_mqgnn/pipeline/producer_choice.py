@@ -1,8 +1,8 @@
 """Who produces an epoch's batches: the sampler workers, or the training thread itself.
 
 With workers, the training step runs on the cores they leave free; on a machine with few cores
-that can cost the step more than the overlap gains (2 cores: one worker, a one-thread step that is
-about 1.4x slower than on two threads). Producing in the training thread is the sequential
+that can cost the step more than the overlap gains (2 cores: one worker, and a step on one thread
+instead of two). Producing in the training thread is the sequential
 loop's way: sample, gather, then a step on every core. Which is faster depends on the measured
 stage costs, so the loader times both on whole epochs, the workers first, and keeps the faster.
 Batches are the same either way (each is seeded from seed, epoch and index).
