@@ -32,10 +32,11 @@ class MQGNNDataModule(pl.LightningDataModule):
     training thread with every core, and keeps the faster (``ProducerChoice``); ``"workers"``
     always uses the workers. ``aggregate_inputs``: the gather stage computes the first layer's
     aggregation (``batch.aggregated``) instead of gathering the input rows (``batch.features``),
-    for models that accept it, as ``NodeClassifier`` does; not with a feature cache. Both modes seed each batch's sampling from (seed, epoch, batch index), so they
-    train on identical batches. Each rank trains on its own disjoint share of the seeds every
-    epoch (``epoch_batches``). ``feature_cache`` (e.g. GNS) is refreshed at every epoch start;
-    its rows are kept on the device and merged into ``batch.features`` before the model sees it.
+    for models that accept it, as ``NodeClassifier`` does; not with a feature cache. Both modes
+    seed each batch's sampling from (seed, epoch, batch index), so they train on identical
+    batches. Each rank trains on its own disjoint share of the seeds every epoch
+    (``epoch_batches``). ``feature_cache`` (e.g. GNS) is refreshed at every epoch start; its rows
+    are kept on the device and merged into ``batch.features`` before the model sees it.
     """
 
     def __init__(

@@ -129,7 +129,7 @@ def recipe_callbacks(cfg: DictConfig, strategy) -> list[pl.Callback]:
         GPUBusyMonitor(),
         ModelCheckpoint(monitor="val/metric", mode="max", save_top_k=1, filename="best"),
         BatchEarlyStopping(**cfg.early_stopping),
-        StageTimingCallback(cuda_sync=False),  # no device wait inside the step: host-side stage times
+        StageTimingCallback(cuda_sync=False),  # no device wait inside a step: host-side times
         *strategy_callbacks(strategy),
     ]
     if cfg.trainer.get("enable_progress_bar", True):
