@@ -3,6 +3,8 @@ our blocks and datasets must mean the same thing to ``dgl.nn`` layers as to ours
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from lightning_mqgnn.graph.csr import CSRGraph  # noqa: E402
 from lightning_mqgnn.graph.dataset import GraphDataset  # noqa: E402
 from lightning_mqgnn.graph.dgl_graph import from_dgl, load_dgl_builtin, to_dgl  # noqa: E402
 from lightning_mqgnn.models.layers import SAGELayer  # noqa: E402
+from lightning_mqgnn.pipeline.gather import gather  # noqa: E402
 from lightning_mqgnn.sampling.dgl_blocks import to_dgl_blocks  # noqa: E402
 from lightning_mqgnn.sampling.neighbor import NeighborSampler  # noqa: E402
 
@@ -80,6 +83,11 @@ def test_features_labels_and_ids_land_where_dgl_models_read_them():
     assert torch.equal(blocks[-1].dstdata[dgl.NID], batch.output_nodes)
     # layer l's destinations are layer l+1's sources
     assert blocks[0].num_dst_nodes() == blocks[1].num_src_nodes()
+    aggregated = gather(
+        dataclasses.replace(batch, features=None), ds.features, ds.labels, input_aggregation="mean"
+    )
+    with pytest.raises(ValueError, match="aggregate_inputs=False"):
+        to_dgl_blocks(aggregated)
 
 
 def test_cached_features_are_merged_before_export():

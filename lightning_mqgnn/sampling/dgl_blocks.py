@@ -39,6 +39,11 @@ def to_dgl_blocks(batch: MiniBatch, cache: Tensor | None = None) -> list[dgl.Blo
     and ``blocks[-1].dstdata["label"]`` the labels; global ids are in ``srcdata/dstdata[dgl.NID]``
     of the first and last block."""
     dgl = import_dgl()
+    if batch.aggregated is not None:
+        raise ValueError(
+            "mini-batch carries its first layer's aggregation, not the input rows DGL layers read: "
+            "build the DataModule with aggregate_inputs=False"
+        )
     for i, (lower, upper) in enumerate(zip(batch.blocks, batch.blocks[1:])):
         if lower.num_dst != upper.num_src:
             raise ValueError(
