@@ -73,6 +73,16 @@ def test_block_aggregate_equals_weighted_graphconv(aggregation, replace):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_block_normalization_equals_graphconv_norm_both():
+    ds = two_community_dataset()
+    torch.manual_seed(0)
+    batch = NeighborSampler(ds.graph, [3, 4], "gcn", normalization="block").sample(ds.train_idx[:64])
+    conv = dglnn.GraphConv(8, 8, norm="both", weight=False, bias=False, allow_zero_in_degree=True)
+    for ours, theirs in zip(batch.blocks, to_dgl_blocks(batch)):
+        h = torch.randn(ours.num_src, 8)
+        torch.testing.assert_close(conv(theirs, h), ours.aggregate(h), rtol=1e-5, atol=1e-5)
+
+
 def test_features_labels_and_ids_land_where_dgl_models_read_them():
     ds = two_community_dataset()
     batch = sampled_batch(ds, "mean")

@@ -113,3 +113,21 @@ def test_invalid_fanouts_are_rejected():
         NeighborSampler(graph, [5, 0])
     with pytest.raises(ValueError, match="aggregation"):
         NeighborSampler(graph, [5], aggregation="max")
+
+
+def test_block_normalization_is_eq2_on_the_sampled_block_and_only_for_gcn():
+    torch.manual_seed(2)
+    graph = random_graph()
+    batch = NeighborSampler(graph, [3, 3], "gcn", normalization="block").sample(torch.arange(0, 40, 3))
+    for block in batch.blocks:
+        rows = block.dst_ids()
+        a = torch.zeros(block.num_dst, block.num_src, dtype=torch.float64)
+        a.index_put_((rows, block.indices), torch.ones(block.num_edges, dtype=torch.float64), accumulate=True)
+        d_dst, d_src = a.sum(1), a.sum(0)
+        assert torch.all(a.diagonal() == 1)  # every destination keeps its self loop
+        expected = (a / d_dst.sqrt().unsqueeze(1) / d_src.clamp(min=1).sqrt())[rows, block.indices]
+        torch.testing.assert_close(block.weights.double(), expected, rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match="normalization='block' is GCN's"):
+        NeighborSampler(graph, [3], "mean", normalization="block")
+    with pytest.raises(ValueError, match="unknown normalization"):
+        NeighborSampler(graph, [3], "gcn", normalization="row")

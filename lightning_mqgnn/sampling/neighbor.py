@@ -91,27 +91,55 @@ def sampled_block(
     return Block(num_dst, num_src, indptr, indices, w.to(torch.float32), dst_in_src=True)
 
 
+NORMALIZATIONS = ("graph", "block")
+
+
+def block_normalization(block: Block) -> Tensor:
+    """``1 / sqrt(d_v d_u)`` for every entry (v, u) of ``block``: eq. 2's symmetric normalisation
+    of the sampled block, d_v its row's entries and d_u the entries naming source u."""
+    row_len = block.indptr[1:] - block.indptr[:-1]
+    rows = torch.repeat_interleave(torch.arange(block.num_dst), row_len, output_size=block.num_edges)
+    d_src = torch.bincount(block.indices, minlength=block.num_src).to(torch.float32)
+    return torch.rsqrt(row_len.to(torch.float32).index_select(0, rows) * d_src.index_select(0, block.indices))
+
+
 class NeighborSampler:
     """Uniform node-wise sampler with per-layer fan-outs (paper: 5 per layer).
 
-    ``aggregation="gcn"``: block weights make ``Σ_e w_e h_src`` an unbiased estimate of row v of
-    P H with P = D̂^-1/2 Â D̂^-1/2 (eq. 2-3): the self loop keeps its exact weight 1/d̂_v and each
-    sampled neighbour u gets (deg_v / s_v) · P_vu. ``aggregation="mean"``: weight 1/s_v, an
-    unbiased estimate of the neighbour mean of eq. 17 (the self term is read from the prefix).
+    ``aggregation="gcn"``, ``normalization="graph"``: block weights make ``Σ_e w_e h_src`` an
+    unbiased estimate of row v of P H with P = D̂^-1/2 Â D̂^-1/2 (eq. 2-3): the self loop keeps its
+    exact weight 1/d̂_v and each sampled neighbour u gets (deg_v / s_v) · P_vu.
+    ``normalization="block"``: eq. 2's normalisation applied to the sampled block itself, self
+    loops included, ``w_vu = 1 / sqrt(d_v d_u)`` with d_v the row's entries and d_u the entries
+    naming source u (as DGL's ``GraphConv(norm="both")`` on a block): biased, but with far less
+    variance, so it trains faster. ``aggregation="mean"``: weight 1/s_v, an unbiased estimate of
+    the neighbour mean of eq. 17 (the self term is read from the prefix).
     ``fanouts`` are listed input layer first, as in DGL; -1 takes every neighbour.
     """
 
-    def __init__(self, graph: CSRGraph, fanouts: list[int], aggregation: str = "mean", replace: bool = False):
+    def __init__(
+        self,
+        graph: CSRGraph,
+        fanouts: list[int],
+        aggregation: str = "mean",
+        replace: bool = False,
+        normalization: str = "graph",
+    ):
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"unknown aggregation {aggregation!r}; expected one of {AGGREGATIONS}")
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"unknown normalization {normalization!r}; expected one of {NORMALIZATIONS}")
+        if normalization == "block" and aggregation != "gcn":
+            raise ValueError(f"normalization='block' is GCN's; aggregation {aggregation!r} has none")
         if not fanouts or any(f == 0 or f < -1 for f in fanouts):
             raise ValueError(f"fanouts must be positive (or -1 for all), got {list(fanouts)}")
         self.graph = graph
         self.fanouts = [int(f) for f in fanouts]
         self.aggregation = aggregation
         self.replace = replace
+        self.normalization = normalization
         self.num_layers = len(fanouts)
-        self._norm = gcn_norm(graph) if aggregation == "gcn" else None
+        self._norm = gcn_norm(graph) if aggregation == "gcn" and normalization == "graph" else None
         self._relabel = Relabeler(graph.num_nodes)
 
     def sample(self, seeds: Tensor) -> MiniBatch:
@@ -133,6 +161,13 @@ class NeighborSampler:
         row_counts = counts.index_select(0, rows).to(torch.float64)
         if self.aggregation == "mean":
             return sampled_block(src_nodes.numel(), counts, local, 1.0 / row_counts), src_nodes
+        if self.normalization == "block":
+            ones = torch.ones(local.numel(), dtype=torch.float64)
+            block = sampled_block(
+                src_nodes.numel(), counts, local, ones, self_weights=torch.ones(dst.numel())
+            )
+            block.weights = block_normalization(block)
+            return block, src_nodes
         deg = (g.indptr.index_select(0, dst + 1) - g.indptr.index_select(0, dst)).to(torch.float64)
         scale = deg.index_select(0, rows) / row_counts  # deg_v / s_v (HT factor, eq. 3)
         norm = self._norm
