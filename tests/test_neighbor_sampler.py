@@ -1,5 +1,7 @@
 """Node-wise sampling: structure of the blocks and unbiasedness of the weighted aggregation."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -131,3 +133,17 @@ def test_block_normalization_is_eq2_on_the_sampled_block_and_only_for_gcn():
         NeighborSampler(graph, [3], "mean", normalization="block")
     with pytest.raises(ValueError, match="unknown normalization"):
         NeighborSampler(graph, [3], "gcn", normalization="row")
+
+
+@pytest.mark.parametrize(("model", "normalization"), [("gcn", "graph"), ("gcn_block", "block")])
+def test_gcn_model_configs_choose_their_normalization(model, normalization):
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(str(conf), version_base="1.3"):
+        cfg = compose(
+            config_name="config", overrides=[f"model={model}", "paths.repo=.", "paths.shared_data=."]
+        )
+    sampler = instantiate(cfg.model.sampler)(graph=random_graph())
+    assert (cfg.model.name, sampler.aggregation, sampler.normalization) == (model, "gcn", normalization)

@@ -132,7 +132,7 @@ def run_dgl(model: str, dataset: str, seed: int, args) -> dict:
             args.dgl_python,
             str(RECIPES / "benchmarks" / "dgl_baseline.py"),
             f"--data={dataset}",
-            f"--model={model}",
+            f"--model={model.split('_')[0]}",  # a variant's DGL baseline is its base model
             f"--epochs={args.epochs}",
             f"--batch-size={args.batch_size}",
             f"--seed={seed}",
