@@ -1,7 +1,8 @@
 """DGL graphs as input: a ``dgl.DGLGraph`` (or one of DGL's built-in datasets) to a ``GraphDataset``.
 
-DGL is an optional extra (see DESIGN.md: its newest Linux wheel loads only with torch <= 2.2.1), so
-it is imported inside the functions and nothing else in the library depends on this module.
+DGL is an optional extra (its newest Linux wheel loads only with torch <= 2.2.1; see
+``.ci/dgl_env.sh``), so it is imported inside the functions and nothing else in the library
+depends on this module.
 """
 
 from __future__ import annotations

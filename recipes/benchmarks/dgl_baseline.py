@@ -1,7 +1,7 @@
 """The paper's DGL baseline: DGL's ``DataLoader`` + ``NeighborSampler`` and a 2-layer ``dgl.nn`` model.
 
 Every speed-up of this project is reported as a ratio against this loop on the same graph, model,
-fan-out, batch size and epochs (DESIGN.md, "Measuring"). It mirrors the authors' baseline trainer:
+fan-out, batch size and epochs (BENCHMARKS.md). It mirrors the authors' baseline trainer:
 GraphSAGE-mean (eq. 17) or GCN (eq. 1-2, self loops added to the graph), hidden 256, Adam lr 1e-3,
 cross-entropy; the model of the best-validation epoch is scored on the test split with exact
 full-neighbour inference. Needs the DGL environment (``.ci/dgl_env.sh``).
