@@ -134,6 +134,21 @@ class MQGNNDataModule(pl.LightningDataModule):
         """The sampler's aggregation when the gather stage aggregates the first layer, else None."""
         return self.sampler.aggregation if self.aggregate_inputs else None
 
+    def produce_here(self, epoch: int, index: int, seeds) -> MiniBatch:
+        """Batch ``index`` of ``epoch`` (seeded from ``seed``, epoch and index), sampled and
+        gathered in this process without touching its random stream."""
+        cache = self.feature_cache
+        return produce_here(
+            self.sampler,
+            seeds,
+            self.dataset.features,
+            self.dataset.labels,
+            batch_rng_seed(self.seed, epoch, index),
+            index,
+            cache.slot if cache is not None else None,
+            self.input_aggregation(),
+        )
+
     def num_train_batches(self) -> int:
         _, world = self.rank_and_world()
         return num_batches(self.dataset.train_idx.numel(), self.batch_size, world, self.drop_last)
@@ -200,16 +215,7 @@ class SequentialLoader:
             cache_rows = ds.features.index_select(0, cache.nodes)
         for i, seeds in enumerate(dm.epoch_seeds(epoch)):
             t0 = time.perf_counter()
-            batch = produce_here(
-                dm.sampler,
-                seeds,
-                ds.features,
-                ds.labels,
-                batch_rng_seed(dm.seed, epoch, i),
-                i,
-                cache.slot if cache is not None else None,
-                dm.input_aggregation(),
-            )
+            batch = dm.produce_here(epoch, i, seeds)
             if cache is not None:
                 batch.features = batch.input_features(cache_rows)
                 batch.cache_slots = None

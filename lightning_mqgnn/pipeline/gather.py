@@ -60,11 +60,8 @@ class InputAggregation:
 
     def _parts(self) -> list[Tensor]:
         b = self.block
-        if b.num_edges == 0:
-            agg = self.features.new_zeros(b.num_dst, self.features.shape[1])
-        else:
-            ids = self.input_nodes.index_select(0, b.indices)
-            agg = row_sum(ids, self.features, b.indptr[:-1], b.weights.to(self.features.dtype))
+        ids = self.input_nodes.index_select(0, b.indices)
+        agg = row_sum(ids, self.features, b.indptr[:-1], b.weights.to(self.features.dtype))
         if not self.with_self:
             return [agg]
         return [agg, self.features.index_select(0, self.input_nodes[: b.num_dst])]

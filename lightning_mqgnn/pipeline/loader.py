@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.pipeline.device_queue import DeviceQueue
-from lightning_mqgnn.pipeline.produce import produce_here, sample_batch
+from lightning_mqgnn.pipeline.produce import sample_batch
 from lightning_mqgnn.pipeline.producer_choice import ProducerChoice
 from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize, QueueSizeEstimate
 from lightning_mqgnn.pipeline.schedule import batch_rng_seed
@@ -404,19 +404,8 @@ class _EpochRun:
             self.done = True
             raise StopIteration
         loader = self.loader
-        dm = loader.dm
-        cache = dm.feature_cache
         start = time.perf_counter()
-        batch = produce_here(
-            dm.sampler,
-            self.batches[index],
-            dm.dataset.features,
-            dm.dataset.labels,
-            batch_rng_seed(dm.seed, self.epoch, index),
-            index,
-            cache.slot if cache is not None else None,
-            dm.input_aggregation(),
-        )
+        batch = loader.dm.produce_here(self.epoch, index, self.batches[index])
         batch = loader.mover.hand_over(*loader.mover.to_device(batch))
         batch.meta.update(wait_s=time.perf_counter() - start, epoch=self.epoch, producer="trainer")
         self._next_index += 1

@@ -36,7 +36,10 @@ def _check_constant(weights: Tensor) -> None:
 
 def row_sum(indices: Tensor, h: Tensor, offsets: Tensor, weights: Tensor) -> Tensor:
     """``out[i] = Σ_{e in row i} weights[e] · h[indices[e]]``, rows starting at ``offsets`` (no
-    autograd of its own: the functions above and the gather stage call it)."""
+    autograd of its own: the functions above and the gather stage call it). No entries at all
+    (an edgeless block) gives zero rows."""
+    if indices.numel() == 0:
+        return h.new_zeros(offsets.numel(), h.shape[1])
     return F.embedding_bag(indices, h, offsets, mode="sum", per_sample_weights=weights)
 
 
@@ -75,8 +78,6 @@ class _WeightedRowSumWithSelf(torch.autograd.Function):
         ctx.save_for_backward(indptr, indices, weights)
         ctx.num_src = h.shape[0]
         rows = indptr.numel() - 1
-        if indices.numel() == 0:
-            return torch.cat([h.new_zeros(rows, h.shape[1]), h[:rows]], 1)
         return torch.cat([row_sum(indices, h, indptr[:-1], weights), h[:rows]], 1)
 
     @staticmethod
@@ -85,9 +86,6 @@ class _WeightedRowSumWithSelf(torch.autograd.Function):
             return None, None, None, None
         indptr, indices, weights = ctx.saved_tensors
         width = grad.shape[1] // 2
-        if indices.numel() == 0:
-            grad_h = grad.new_zeros(ctx.num_src, width)
-        else:
-            grad_h = _transposed_row_sum(indptr, indices, weights, grad[:, :width], ctx.num_src)
+        grad_h = _transposed_row_sum(indptr, indices, weights, grad[:, :width], ctx.num_src)
         grad_h[: grad.shape[0]] += grad[:, width:]
         return grad_h, None, None, None

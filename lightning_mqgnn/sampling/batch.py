@@ -61,8 +61,6 @@ class Block:
         """
         if h_src.shape[0] != self.num_src:
             raise ValueError(f"block expects {self.num_src} source rows, got {h_src.shape[0]}")
-        if self.num_edges == 0:
-            return h_src.new_zeros(self.num_dst, h_src.shape[1])
         return weighted_row_sum(self.indptr, self.indices, self.weights, h_src)
 
     def aggregate_with_self(self, h_src: Tensor) -> Tensor:

@@ -97,10 +97,9 @@ NORMALIZATIONS = ("graph", "block")
 def block_normalization(block: Block) -> Tensor:
     """``1 / sqrt(d_v d_u)`` for every entry (v, u) of ``block``: eq. 2's symmetric normalisation
     of the sampled block, d_v its row's entries and d_u the entries naming source u."""
-    row_len = block.indptr[1:] - block.indptr[:-1]
-    rows = torch.repeat_interleave(torch.arange(block.num_dst), row_len, output_size=block.num_edges)
+    d_dst = (block.indptr[1:] - block.indptr[:-1]).to(torch.float32)
     d_src = torch.bincount(block.indices, minlength=block.num_src).to(torch.float32)
-    return torch.rsqrt(row_len.to(torch.float32).index_select(0, rows) * d_src.index_select(0, block.indices))
+    return torch.rsqrt(d_dst.index_select(0, block.dst_ids()) * d_src.index_select(0, block.indices))
 
 
 class NeighborSampler:
