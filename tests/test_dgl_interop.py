@@ -4,6 +4,8 @@ our blocks and datasets must mean the same thing to ``dgl.nn`` layers as to ours
 from __future__ import annotations
 
 import dataclasses
+import http.server
+import threading
 
 import pytest
 import torch
@@ -216,3 +218,31 @@ def test_dgl_model_trained_on_our_blocks_reduces_loss():
     with torch.no_grad():
         after = loss_on(ds.train_idx).item()
     assert after < 0.5 * before, (before, after)
+
+
+def test_builtin_dataset_download_is_decided_before_dgl_tries(tmp_path, monkeypatch):
+    with pytest.raises(
+        FileNotFoundError, match=r"cora: not found under .* downloads are off \(download=false\)"
+    ):
+        load_dgl_builtin("cora", raw_dir=str(tmp_path), download=False)
+    monkeypatch.setenv("DGL_REPO", "http://nohost.invalid/")  # offline: one clear error, no retries
+    with pytest.raises(FileNotFoundError, match=r"nohost.invalid/dataset/.*cannot be reached"):
+        load_dgl_builtin("cora", raw_dir=str(tmp_path))
+    # allowed and reachable: DGL's own downloader asks the server (which has nothing to give)
+    requested: list[str] = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            requested.append(self.path)
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        monkeypatch.setenv("DGL_REPO", f"http://127.0.0.1:{server.server_port}/")
+        with pytest.raises(Exception):  # noqa: B017 (DGL's error for a 404 is its own business)
+            load_dgl_builtin("cora", raw_dir=str(tmp_path))
+        server.shutdown()
+    assert requested and requested[0].startswith("/dataset/cora"), requested

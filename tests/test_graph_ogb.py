@@ -3,14 +3,19 @@ parses the CSVs, second load reads OGB's torch cache (the torch>=2.6 weights_onl
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import gzip
+import http.server
+import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from lightning_mqgnn.graph.ogb import load_ogb
+from lightning_mqgnn.graph.ogb import OGB_DATASETS, OgbSpec, load_ogb
 
 
 def _csv(path: Path, rows: np.ndarray, fmt: str) -> None:
@@ -106,14 +111,14 @@ def test_products_layout(tmp_path):
     assert ds.num_classes == 47 and ds.graph.num_edges == 2 * len(edges) and ds.graph.is_symmetric()
 
 
-def test_missing_root_or_raw_files_raise_without_download(tmp_path):
-    with pytest.raises(
-        FileNotFoundError, match=r"OGB root .*nowhere does not exist; downloads are not possible"
-    ):
-        load_ogb("arxiv", tmp_path / "nowhere")
-    with pytest.raises(FileNotFoundError, match=r"raw files not found under .*ogbn_arxiv"):
+def test_missing_files_raise_when_downloads_are_off_or_impossible(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match=r"ogbn-arxiv: not found under .*nowhere.*downloads are off"):
+        load_ogb("arxiv", tmp_path / "nowhere", download=False)
+    # offline: the host does not resolve; one clear error, quickly, and nothing written
+    monkeypatch.setitem(OGB_DATASETS, "ogbn-arxiv", _spec_at("http://nohost.invalid/ogb"))
+    with pytest.raises(FileNotFoundError, match=r"nohost.invalid/ogb/arxiv.zip cannot be reached"):
         load_ogb("arxiv", tmp_path)
-    assert not (tmp_path / "ogbn_arxiv").exists()  # nothing created, nothing downloaded
+    assert not (tmp_path / "ogbn_arxiv").exists()
     write_tiny_arxiv(tmp_path)
     for f in (tmp_path / "ogbn_arxiv" / "split" / "time").iterdir():
         f.unlink()
@@ -121,6 +126,29 @@ def test_missing_root_or_raw_files_raise_without_download(tmp_path):
         load_ogb("arxiv", tmp_path)
     with pytest.raises(ValueError, match="unknown OGB dataset 'ogbn-mag'"):
         load_ogb("ogbn-mag", tmp_path)
+
+
+def _spec_at(base: str) -> OgbSpec:
+    return dataclasses.replace(OGB_DATASETS["ogbn-arxiv"], url=f"{base}/arxiv.zip")
+
+
+def test_missing_files_are_downloaded_with_ogbs_downloader(tmp_path, monkeypatch):
+    """A real HTTP download of a zip in OGB's published layout (``arxiv/raw/...``), served locally."""
+    served = tmp_path / "served"
+    edges, feat, labels = write_tiny_arxiv(served / "build")
+    (served / "build" / "ogbn_arxiv").rename(served / "build" / "arxiv")
+    shutil.make_archive(str(served / "arxiv"), "zip", served / "build", "arxiv")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        monkeypatch.setitem(OGB_DATASETS, "ogbn-arxiv", _spec_at(f"http://127.0.0.1:{server.server_port}"))
+        root = tmp_path / "fresh" / "ogb"  # not there yet: created
+        ds = load_ogb("arxiv", root)
+        server.shutdown()
+    assert ds.num_nodes == 50 and torch.equal(ds.labels, torch.from_numpy(labels))
+    assert torch.allclose(ds.features, torch.from_numpy(feat), atol=1e-6)
+    assert (root / "ogbn_arxiv" / "raw" / "edge.csv.gz").is_file() and not (root / "arxiv.zip").exists()
+    assert load_ogb("arxiv", root, download=False).num_nodes == 50  # now local
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")

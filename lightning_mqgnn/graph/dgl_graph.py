@@ -7,6 +7,7 @@ depends on this module.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset, split_mask
+from lightning_mqgnn.graph.download import check_download
 from lightning_mqgnn.graph.validate import validate_dataset
 
 # name -> (dgl.data class, metric). Only datasets with a single graph and train/val/test masks.
@@ -114,15 +116,24 @@ def from_dgl(
     return validate_dataset(ds, source="DGLGraph")
 
 
-def load_dgl_builtin(name: str, raw_dir: str | None = None) -> GraphDataset:
+def load_dgl_builtin(name: str, raw_dir: str | None = None, download: bool = True) -> GraphDataset:
     """One of DGL's built-in datasets (``DGL_BUILTINS``), downloaded into ``raw_dir`` by DGL the
-    first time (``raw_dir=None``: DGL's default, ``~/.dgl``)."""
+    first time (``raw_dir=None``: DGL's default, ``~/.dgl``) unless ``download`` is False or DGL's
+    server cannot be reached; both of those end in a ``FileNotFoundError`` saying where the files go."""
     key = name.lower()
     if key not in DGL_BUILTINS:
         raise ValueError(f"unknown DGL dataset name {name!r}; expected one of {sorted(DGL_BUILTINS)}")
     dgl = import_dgl()
     cls_name, metric = DGL_BUILTINS[key]
-    data = getattr(dgl.data, cls_name)(raw_dir=raw_dir, verbose=False)
+
+    class GuardedDownload(getattr(dgl.data, cls_name)):
+        # DGL calls download() exactly when raw_path is missing: decide there, before it tries
+        def download(self) -> None:
+            manual = f"unpack {self.url} so that {self.raw_path} exists"
+            check_download(key, self.url, Path(self.raw_path), download, manual)
+            super().download()
+
+    data = GuardedDownload(raw_dir=raw_dir, verbose=False)
     num_classes = getattr(data, "num_classes", None)
     return from_dgl(data[0], name=key, metric=metric, num_classes=num_classes)
 

@@ -1,6 +1,6 @@
-"""ogbn-arxiv, ogbn-products and ogbn-proteins through OGB's ``NodePropPredDataset``, offline.
+"""ogbn-arxiv, ogbn-products and ogbn-proteins through OGB's ``NodePropPredDataset``.
 
-Works around three OGB 1.3.6 gotchas (notes: lightning_ogb_ecosystem.md section 5):
+Works around three OGB 1.3.6 gotchas:
 
 1. OGB caches the parsed graph with ``torch.save`` (a numpy pickle) and reads it back with a bare
    ``torch.load``, which torch >= 2.6 refuses (``weights_only=True``). We swap the ``torch`` name
@@ -9,8 +9,11 @@ Works around three OGB 1.3.6 gotchas (notes: lightning_ogb_ecosystem.md section 
    unpickling runs only on the cache OGB wrote under ``root``.
 2. A dataset folder without ``RELEASE_v1.txt`` makes OGB ask on stdin. We create the marker, but
    only once the raw files (or OGB's cache) are known to be there.
-3. Missing files would make OGB download; this machine may have no network, so we check first and
-   raise ``FileNotFoundError`` saying where the files are expected.
+3. Missing files make OGB download, but it asks on stdin before any zip over 1 GB (products) and
+   hangs or fails obscurely without a network. We decide first (``download.check_download``:
+   allowed by ``download=True`` and the host reachable, else a one-line ``FileNotFoundError``
+   saying where the files are expected), then fetch and unpack with OGB's own ``download_url``
+   and ``extract_zip`` into the folder OGB reads.
 
 ogbn-proteins has no node features: a node's feature vector is the mean of the 8-dimensional
 features of its incident edges (mean, not sum, so the scale does not grow with the degree, which
@@ -20,6 +23,7 @@ ranges over three orders of magnitude there); labels are float32 ``[N, 112]``, m
 from __future__ import annotations
 
 import functools
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +35,7 @@ import torch
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
+from lightning_mqgnn.graph.download import check_download
 from lightning_mqgnn.graph.validate import validate_dataset
 
 
@@ -40,12 +45,16 @@ class OgbSpec:
     download: str  # folder inside OGB's zip, e.g. "arxiv"
     split: str  # folder under split/
     metric: str
+    url: str  # as in OGB's nodeproppred/master.csv
 
 
+_OGB_SERVER = "http://snap.stanford.edu/ogb/data/nodeproppred"
 OGB_DATASETS = {
-    "ogbn-arxiv": OgbSpec("ogbn-arxiv", "arxiv", "time", "accuracy"),
-    "ogbn-products": OgbSpec("ogbn-products", "products", "sales_ranking", "accuracy"),
-    "ogbn-proteins": OgbSpec("ogbn-proteins", "proteins", "species", "rocauc"),
+    "ogbn-arxiv": OgbSpec("ogbn-arxiv", "arxiv", "time", "accuracy", f"{_OGB_SERVER}/arxiv.zip"),
+    "ogbn-products": OgbSpec(
+        "ogbn-products", "products", "sales_ranking", "accuracy", f"{_OGB_SERVER}/products.zip"
+    ),
+    "ogbn-proteins": OgbSpec("ogbn-proteins", "proteins", "species", "rocauc", f"{_OGB_SERVER}/proteins.zip"),
 }
 
 
@@ -70,22 +79,21 @@ def _ogb_full_torch_load() -> Iterator[None]:
         ogb_dataset.torch = original
 
 
-def _prepare_folder(spec: OgbSpec, root: Path) -> Path:
-    """Check the files are there (no download), then add what OGB needs to not prompt or crash."""
+def _prepare_folder(spec: OgbSpec, root: Path, download: bool) -> Path:
+    """Make sure the files are there (downloading them when allowed and possible), then add what
+    OGB needs to not prompt or crash."""
     folder = root / spec.name.replace("-", "_")
-    hint = (
-        f"downloads are not possible offline: extract {spec.download}.zip "
-        f"(http://snap.stanford.edu/ogb/data/nodeproppred/{spec.download}.zip) so that "
+    manual = (
+        f"extract {spec.download}.zip ({spec.url}) so that "
         f"{folder}/raw/edge.csv.gz and {folder}/split/{spec.split}/ exist"
     )
-    if not root.is_dir():
-        raise FileNotFoundError(f"{spec.name}: OGB root {root} does not exist; {hint}")
     cached = (folder / "processed" / "data_processed").is_file()
     if not cached and not (folder / "raw" / "edge.csv.gz").is_file():
-        raise FileNotFoundError(f"{spec.name}: raw files not found under {folder}; {hint}")
+        check_download(spec.name, spec.url, folder, download, manual)
+        _download(spec, root, folder)
     split_dir = folder / "split" / spec.split
     if not (split_dir / "train.csv.gz").is_file() and not (split_dir / "split_dict.pt").is_file():
-        raise FileNotFoundError(f"{spec.name}: split files not found in {split_dir}; {hint}")
+        raise FileNotFoundError(f"{spec.name}: split files not found in {split_dir}; {manual}")
     marker = folder / "RELEASE_v1.txt"
     if not marker.exists():
         marker.write_text("created by lightning_mqgnn so that OGB does not prompt\n")
@@ -93,9 +101,33 @@ def _prepare_folder(spec: OgbSpec, root: Path) -> Path:
     return folder
 
 
-def load_ogb(name: str, root: str | Path, make_undirected: bool = True) -> GraphDataset:
+def _download(spec: OgbSpec, root: Path, folder: Path) -> None:
+    """Fetch and unpack the dataset's zip with OGB's downloader, as ``NodePropPredDataset`` would
+    without its size prompt: ``root/<download>/`` from the zip becomes ``folder``."""
+    from ogb.utils.url import download_url, extract_zip
+
+    root.mkdir(parents=True, exist_ok=True)
+    archive = download_url(spec.url, str(root))
+    try:
+        extract_zip(archive, str(root))
+    finally:
+        Path(archive).unlink(missing_ok=True)
+    unpacked = root / spec.download
+    if not unpacked.is_dir():
+        raise FileNotFoundError(f"{spec.name}: {spec.url} did not unpack to {unpacked}")
+    if folder.exists():
+        shutil.rmtree(folder)
+    unpacked.rename(folder)
+
+
+def load_ogb(
+    name: str, root: str | Path, make_undirected: bool = True, download: bool = True
+) -> GraphDataset:
     """Load ``ogbn-arxiv``/``ogbn-products``/``ogbn-proteins`` (the ``ogbn-`` prefix is optional)
     from ``root`` (OGB's layout: ``root/ogbn_arxiv/raw/...``), validated.
+
+    Missing files are downloaded from OGB's server unless ``download`` is False or the server
+    cannot be reached; both of those end in a ``FileNotFoundError`` that says where the files go.
 
     ``make_undirected`` adds reverse edges (arxiv's citations are directed; products and
     proteins already come with both directions from OGB). The first call parses the gzip CSVs
@@ -106,7 +138,7 @@ def load_ogb(name: str, root: str | Path, make_undirected: bool = True) -> Graph
         raise ValueError(f"unknown OGB dataset {name!r}; expected one of {sorted(OGB_DATASETS)}")
     spec = OGB_DATASETS[full]
     root = Path(root)
-    folder = _prepare_folder(spec, root)
+    folder = _prepare_folder(spec, root, download)
 
     from ogb.nodeproppred import NodePropPredDataset
 
