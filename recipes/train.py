@@ -93,6 +93,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         cfg.trainer,
         callbacks=callbacks,
         strategy=strategy,
+        max_steps=max_steps(cfg, batches),
         **validation_schedule(cfg.val_every_batches, batches, int(cfg.trainer.get("max_epochs") or -1)),
     )
     trainer.fit(module, datamodule=datamodule)
@@ -118,6 +119,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
             flush=True,
         )
     return result
+
+
+def max_steps(cfg: DictConfig, batches_per_epoch: int) -> int:
+    """``trainer.max_steps`` when given, else the data-sized cap of ``step_cap``."""
+    if cfg.trainer.get("max_steps") is not None:
+        return int(cfg.trainer.max_steps)
+    return max(int(cfg.step_cap.min_steps), int(cfg.step_cap.epochs) * batches_per_epoch)
 
 
 def recipe_callbacks(cfg: DictConfig, strategy) -> list[pl.Callback]:

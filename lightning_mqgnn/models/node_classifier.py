@@ -77,12 +77,14 @@ class NodeClassifier(pl.LightningModule):
     def _logging_step(self) -> bool:
         """Whether this step reaches the logger: ``self.log`` costs Python time on every call (and
         a host sync on CUDA when the progress bar reads it), so the loss is logged once per
-        ``Trainer(log_every_n_steps)``, the interval the logger keeps anyway."""
+        ``Trainer(log_every_n_steps)``, on the steps the logger writes (the trainer counts the
+        step in progress, hence the + 1)."""
         try:
             trainer = self.trainer
         except RuntimeError:  # not attached: a plain PyTorch loop
             return False
-        return trainer.global_step % max(1, trainer.log_every_n_steps) == 0
+        every = trainer.log_every_n_steps
+        return every > 0 and (trainer.global_step + 1) % every == 0
 
     def _full_graph_logits(self, batch: FullGraphBatch) -> Tensor:
         if self._inference is None or self._inference.dataset is not batch.dataset:
