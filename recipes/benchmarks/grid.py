@@ -10,8 +10,10 @@ number of epochs (early stopping off, one validation per epoch, test at the best
 - ``pipeline_gns``: the pipeline with the GNS feature cache;
 - ``dgl``: DGL's DataLoader + NeighborSampler + dgl.nn (run with the DGL environment's python);
 - ``ddp`` / ``mqgnn``: 2 CPU ranks, plain DDP vs MQGNNStrategy, both over the pipeline.
-Writes ``grid.md`` (table with speed-ups), ``grid.json`` (all runs), ``speedup.png`` and
-``utilisation.png`` (CPU busy fraction over time, baseline vs MQ, as the paper's Fig. 3) to --out.
+Writes ``grid.md`` (table with speed-ups), ``grid.json`` (all runs), ``speedup.png`` (speed-up per
+epoch against DGL and against the sequential loop) and ``utilisation.png`` (cores busy over time,
+one panel per configuration, as the paper's Fig. 3) to --out. ``--replot`` redraws the two PNGs
+from the ``grid.json`` already in --out and runs nothing.
 """
 
 from __future__ import annotations
@@ -198,6 +200,10 @@ def summarise(runs: list[dict]) -> list[str]:
 
 
 def plot(runs: list[dict], out: Path) -> None:
+    """``speedup.png``: epoch-time speed-up of each configuration against DGL and against the
+    sequential loop, one bar group per (dataset, model); ``utilisation.png``: CPU (and GPU) busy
+    over time, one panel per configuration, for the first (dataset, model, seed) of the grid.
+    Reads only ``runs`` (``grid.json``), so ``--replot`` redraws a saved grid on any machine."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,51 +213,69 @@ def plot(runs: list[dict], out: Path) -> None:
     for run in runs:
         groups.setdefault((run["dataset"], run["model"], run["config"]), []).append(run["epoch_time_s"])
     epoch = {k: statistics.mean(v) for k, v in groups.items()}
-    pairs = sorted({(d, m) for d, m, _ in epoch})
-    configs = [c for c in dict.fromkeys(c for _, _, c in epoch) if c not in BASELINES]
-    base = "dgl" if any(c == "dgl" for _, _, c in epoch) else "sequential"
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(pairs) * max(len(configs), 1)), 4))
-    width = 0.8 / max(len(configs), 1)
-    for i, config in enumerate(configs):
-        values = [
-            epoch[(d, m, base)] / epoch[(d, m, config)]
-            if (d, m, base) in epoch and (d, m, config) in epoch
-            else 0
-            for d, m in pairs
-        ]
-        ax.bar([j + i * width for j in range(len(pairs))], values, width, label=config)
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(len(pairs))])
-    ax.set_xticklabels([f"{d}\n{m}" for d, m in pairs])
-    ax.set_ylabel(f"epoch-time speed-up vs {base}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "speedup.png", dpi=120)
-    plt.close(fig)
+    pairs = list(dict.fromkeys((d, m) for d, m, _ in epoch))
+    configs = list(dict.fromkeys(c for _, _, c in epoch))
+    panels = [
+        (base, [c for c in configs if c != base and c != "dgl"])
+        for base in ("dgl", "sequential")
+        if base in configs
+    ]
+    panels = [(base, shown) for base, shown in panels if shown]
+    if panels:
+        fig, axes = plt.subplots(
+            len(panels), 1, figsize=(max(6, 1.1 * len(pairs)), 4.2 * len(panels)), squeeze=False
+        )
+        for ax, (base, shown) in zip(axes[:, 0], panels):
+            width = 0.8 / len(shown)
+            for i, config in enumerate(shown):
+                xs = [j + (i - (len(shown) - 1) / 2) * width for j in range(len(pairs))]
+                values = [
+                    epoch[(d, m, base)] / epoch[(d, m, config)]
+                    if (d, m, config) in epoch and (d, m, base) in epoch
+                    else float("nan")
+                    for d, m in pairs
+                ]
+                bars = ax.bar(xs, values, width, label=config)
+                ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=7, padding=1)
+            ax.axhline(1.0, color="black", lw=0.8, ls="--")
+            ax.set_xticks(range(len(pairs)))
+            ax.set_xticklabels([f"{d}\n{m}" for d, m in pairs], rotation=30, ha="right", fontsize=8)
+            name = "DGL" if base == "dgl" else "the sequential loop"
+            ax.set_title(f"epoch-time speed-up vs {name} (>1: faster)")
+            ax.set_ylabel(f"{base} epoch time / epoch time")
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "speedup.png", dpi=120)
+        plt.close(fig)
 
     first = runs[0]
-    shown = [
+    shown_runs = [
         run
         for run in runs
         if (run["dataset"], run["model"], run["seed"]) == (first["dataset"], first["model"], first["seed"])
     ]
-    with_gpu = any(g is not None for run in shown for *_, g in run["timeline"])
-    fig, axes = plt.subplots(2 if with_gpu else 1, 1, figsize=(8, 6 if with_gpu else 3.5), squeeze=False)
-    for run in shown:
+    with_gpu = any(g is not None for run in shown_runs for *_, g in run["timeline"])
+    peak = max((c for run in shown_runs for _, c, *_ in run["timeline"]), default=1.0)
+    end = max((t for run in shown_runs for t, *_ in run["timeline"]), default=1.0)
+    fig, axes = plt.subplots(
+        len(shown_runs), 1, figsize=(9, 1.9 * len(shown_runs) + 0.6), sharex=True, squeeze=False
+    )
+    for ax, run in zip(axes[:, 0], shown_runs):
         ts = [t for t, *_ in run["timeline"]]
-        axes[0, 0].plot(
-            ts, [100.0 * c / psutil.cpu_count() for _, c, *_ in run["timeline"]], label=run["config"], lw=1
-        )
+        cores = [c for _, c, *_ in run["timeline"]]
+        ax.fill_between(ts, cores, step="post", alpha=0.35)
+        ax.step(ts, cores, where="post", lw=1, label="CPU (cores busy)")
+        ax.set_ylim(0, max(1.0, peak) * 1.1)
+        ax.set_xlim(0, end)
+        ax.set_ylabel("cores busy")
+        ax.set_title(f"{run['config']}: {run['epoch_time_s']:.3f} s an epoch", fontsize=9, loc="left")
         if with_gpu:
-            axes[1, 0].plot(ts, [100.0 * (g or 0.0) for *_, g in run["timeline"]], label=run["config"], lw=1)
-    axes[0, 0].set_ylabel("CPU busy, % of all cores")
-    axes[0, 0].set_title(f"utilisation: {first['dataset']}, {first['model']}, seed {first['seed']}")
-    if with_gpu:
-        axes[1, 0].set_ylabel("GPU busy, %")
-    for ax in axes[:, 0]:
-        ax.set_ylim(0, 105)
-        ax.set_xlabel("seconds since launch")
-        ax.legend()
+            gpu_ax = ax.twinx()
+            gpu_ax.plot(ts, [100.0 * (g or 0.0) for *_, g in run["timeline"]], color="tab:red", lw=1)
+            gpu_ax.set_ylim(0, 105)
+            gpu_ax.set_ylabel("GPU busy, %", color="tab:red")
+    axes[-1, 0].set_xlabel("seconds since the process started (data loading included)")
+    fig.suptitle(f"utilisation over time: {first['dataset']}, {first['model']}, seed {first['seed']}")
     fig.tight_layout()
     fig.savefig(out / "utilisation.png", dpi=120)
     plt.close(fig)
@@ -269,7 +293,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dgl-python", default=str(REPO / ".venv-dgl" / "bin" / "python"))
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--out", type=Path, default=REPO / "bench_out" / "grid")
+    parser.add_argument(
+        "--replot", action="store_true", help="redraw the PNGs from --out/grid.json; runs nothing"
+    )
     args = parser.parse_args(argv)
+    if args.replot:
+        saved = args.out / "grid.json"
+        if not saved.is_file():
+            parser.error(f"--replot: {saved} does not exist (run the grid with --out {args.out} first)")
+        plot(json.loads(saved.read_text()), args.out)
+        print(f"wrote {args.out / 'speedup.png'} and {args.out / 'utilisation.png'} from {saved}")
+        return 0
     configs = args.configs.split(",")
     unknown = [c for c in configs if c != "dgl" and c not in CONFIG_OVERRIDES]
     if unknown:

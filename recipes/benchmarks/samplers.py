@@ -8,21 +8,28 @@ the ratio is ours / scipy seeds per second. GNS: bytes of feature rows gathered 
 batch with the 1% cache (only uncached rows) against the plain node-wise sampler (all input rows).
 Measures only; asserts nothing about timings.
 
-    python recipes/benchmarks/samplers.py --nodes 1000000 --batch-size 512 --out samplers.md
+    python recipes/bench.py samplers --nodes 1000000 --batches 40 --scipy-batches 8 --rounds 3 \
+        --out docs/benchmarks/samplers
+
+``--out DIR`` writes ``samplers.md`` (the table with command, commit and machine), ``samplers.json``
+(the run) and ``samplers.png`` (ours against the reference per sampler, log scale); ``--replot``
+redraws the PNG from the ``samplers.json`` already in DIR and runs nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
-import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
+from benchmarks._report import machine_header
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.exact import edge_weights
 from lightning_mqgnn.sampling.fastgcn import FastGCNSampler
@@ -113,7 +120,49 @@ def seeds_per_second(sample: Callable, batches: list, warmup: int = 1) -> float:
     return sum(len(b) for b in batches[warmup:]) / (time.perf_counter() - t0)
 
 
-def main(argv: list[str] | None = None) -> str:
+def plot(rows: list[dict], out: Path) -> None:
+    """``samplers.png``: seeds per second of ours and of the scipy reference per sampler (log
+    scale), each layer-wise pair labelled with its median ratio and per-round range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["sampler"] for r in rows]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(rows)), 4.5))
+    width = 0.4
+    ax.bar([x - width / 2 for x in xs], [r["ours"] for r in rows], width, label="ours (1 torch thread)")
+    ax.bar(
+        [x + width / 2 for x in xs],
+        [r["scipy"] if r["scipy"] is not None else float("nan") for r in rows],
+        width,
+        label="scipy reference (serial)",
+    )
+    for x, r in zip(xs, rows):
+        if r["scipy"] is not None:
+            ax.annotate(
+                f"{r['ours'] / r['scipy']:.1f}x\n({r['ratio_low']:.1f}-{r['ratio_high']:.1f})",
+                (x, max(r["ours"], r["scipy"])),
+                textcoords="offset points",
+                xytext=(0, 3),
+                ha="center",
+                fontsize=7,
+            )
+    ax.set_yscale("log")
+    values = [v for r in rows for v in (r["ours"], r["scipy"]) if v is not None]
+    ax.set_ylim(min(values) / 3, max(values) * 6)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("seeds per second (log scale)")
+    ax.set_title("sampler throughput: ours vs the scipy reference (median ratio, per-round range)")
+    ax.legend(fontsize=8, loc="upper left", ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "samplers.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> str | int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=1_000_000)
     ap.add_argument("--degree", type=float, default=50.5, help="mean degree (products: 50.5)")
@@ -134,8 +183,20 @@ def main(argv: list[str] | None = None) -> str:
         default=None,
         help="layer-wise variants to time, e.g. ladies_f (default: all)",
     )
-    ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--out", type=Path, default=None, help="folder for samplers.md, samplers.json and samplers.png"
+    )
+    ap.add_argument(
+        "--replot", action="store_true", help="redraw samplers.png from --out/samplers.json; runs nothing"
+    )
     args = ap.parse_args(argv)
+    if args.replot:
+        saved = args.out / "samplers.json" if args.out is not None else None
+        if saved is None or not saved.is_file():
+            ap.error(f"--replot: {saved or 'no --out'}: samplers.json does not exist (run with --out first)")
+        plot(json.loads(saved.read_text())["rows"], args.out)
+        print(f"wrote {args.out / 'samplers.png'} from {saved}")
+        return 0
     known = [variant_name(*v) for v in VARIANTS]
     unknown = sorted(set(args.variants or []) - set(known))
     if unknown:
@@ -151,6 +212,11 @@ def main(argv: list[str] | None = None) -> str:
     gen = torch.Generator().manual_seed(args.seed + 1)
     order = train_idx[torch.randperm(train_idx.numel(), generator=gen)]
     n_batches = max(args.batches, args.scipy_batches) + 1
+    if n_batches * args.batch_size > order.numel():
+        ap.error(
+            f"the training split has {order.numel():,} nodes, fewer than the {n_batches} batches "
+            f"(one warm-up) of --batch-size {args.batch_size} need; use more --nodes or fewer --batches"
+        )
     batches = [order[i * args.batch_size : (i + 1) * args.batch_size] for i in range(n_batches)]
     ours_batches = batches[: args.batches + 1]
     ref_batches = [b.numpy() for b in batches[: args.scipy_batches + 1]]
@@ -221,16 +287,35 @@ def main(argv: list[str] | None = None) -> str:
         f"gathered by the plain node-wise sampler vs {gns_rows / nb:,.0f} uncached of {gns_inputs / nb:,.0f} "
         f"input rows ({gns_rows * row_bytes / nb / 2**20:.2f} MiB) with GNS: fraction of bytes "
         f"{gns_rows / plain_rows:.3f}; cache hit rate {hits / gns_inputs:.3f}.",
-        "",
-        "Command: `python recipes/benchmarks/samplers.py "
-        + " ".join(argv if argv is not None else sys.argv[1:])
-        + "`",
     ]
-    table = "\n".join(lines)
+    table = "\n".join([*machine_header("samplers", argv), "", *lines])
     print(table)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(table + "\n")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "samplers.md").write_text(table + "\n")
+        result = {
+            "graph": {"nodes": graph.num_nodes, "edges": graph.num_edges, "features": num_features},
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "rows": [
+                {
+                    "sampler": name,
+                    "ours": ours,
+                    "scipy": ref,
+                    "ratio_low": ratio_ranges.get(name, (None, None))[0],
+                    "ratio_high": ratio_ranges.get(name, (None, None))[1],
+                }
+                for name, ours, ref in rows
+            ],
+            "gns": {
+                "plain_rows_per_batch": plain_rows / nb,
+                "gns_uncached_rows_per_batch": gns_rows / nb,
+                "gns_input_rows_per_batch": gns_inputs / nb,
+                "bytes_fraction": gns_rows / plain_rows,
+                "hit_rate": hits / gns_inputs,
+            },
+        }
+        (args.out / "samplers.json").write_text(json.dumps(result, indent=1))
+        plot(result["rows"], args.out)
     return table
 
 
