@@ -36,14 +36,29 @@ class GradientQueue:
     gradient into ``.grad``. Applying only once more than ``staleness`` reductions are queued gives the
     update rule W <- W - eta * grad_acc(t - staleness) (eq. 22 with a delayed eq. 21); staleness 0 is
     synchronous DDP. A parameter keeps ``grad = None`` only when no rank produced a gradient for it.
+
+    With ``allow_missing=False`` (DDP's ``find_unused_parameters=False``) a parameter that lacked a
+    gradient on any rank is an error, raised on every rank at once (the presence counts are reduced with
+    the gradients, so all ranks see the same counts) and naming the parameters from ``names``.
     """
 
-    def __init__(self, params: list[Tensor], staleness: int, reducer: Reducer) -> None:
+    def __init__(
+        self,
+        params: list[Tensor],
+        staleness: int,
+        reducer: Reducer,
+        allow_missing: bool = True,
+        names: list[str] | None = None,
+    ) -> None:
         if staleness < 0:
             raise ValueError(f"GradientQueue: staleness must be >= 0, got {staleness!r}")
+        if names is not None and len(names) != len(params):
+            raise ValueError(f"GradientQueue: {len(names)} names for {len(params)} parameters")
         self.params = params
         self.staleness = staleness
         self.reducer = reducer
+        self.allow_missing = allow_missing
+        self.names = names if names is not None else [f"params[{i}]" for i in range(len(params))]
         self._groups = self._group_params(params)
         self._queue: deque[_Entry] = deque()
 
@@ -87,6 +102,8 @@ class GradientQueue:
         """Wait for the oldest reduction, write it into ``.grad``; return the seconds spent blocked."""
         entry = self._queue.popleft()
         waited = self._complete(entry)
+        if not self.allow_missing:
+            self._check_every_rank_had_gradients(entry)
         for group, flat in zip(self._groups, entry.flats):
             # counts are >= 1 wherever this rank had a gradient; read them (host sync) only otherwise
             counts = flat[group.numel :].tolist() if entry.local_missing else [1.0] * len(group.members)
@@ -97,6 +114,21 @@ class GradientQueue:
                 p.grad = None if counts[j] == 0 else flat[offset : offset + n].view(p.shape)
                 offset += n
         return waited
+
+    def _check_every_rank_had_gradients(self, entry: _Entry) -> None:
+        world = self.reducer.world_size
+        missing = []
+        for group, flat in zip(self._groups, entry.flats):
+            counts = flat[group.numel :].tolist()
+            missing += [(self.names[i], int(c)) for i, c in zip(group.members, counts) if c < world]
+        if missing:
+            listed = ", ".join(f"{name} ({count}/{world} ranks)" for name, count in missing)
+            raise RuntimeError(
+                "MQGNNStrategy: parameters received no gradient on some ranks, so they were not used in "
+                f"producing the loss: {listed}. If this is intentional, pass "
+                "`MQGNNStrategy(find_unused_parameters=True)` (they then average over the ranks that have a "
+                "gradient, counting the others as zero, and stay None where no rank has one)"
+            )
 
     @staticmethod
     def _complete(entry: _Entry) -> float:
