@@ -213,6 +213,10 @@ SCENARIOS = {
     "client_ddp": ("ddp", dict(client=True, epochs=3, accumulate=2)),
     "client_s0": (dict(staleness=0), dict(client=True, epochs=3, accumulate=2)),
     "client_s1": (dict(staleness=1, sync_period=3), dict(client=True, epochs=3, accumulate=2)),
+    "client_s1_local": (
+        dict(staleness=1, sync_period=3, broadcast_buffers=False),
+        dict(client=True, epochs=3, accumulate=2),
+    ),
     # manual optimisation (two optimisers); the single-optimiser automatic run it must equal at staleness 1
     "manual_ddp": ("ddp", dict(manual=True, epochs=2)),
     "manual_s0": (dict(staleness=0), dict(manual=True, epochs=2)),

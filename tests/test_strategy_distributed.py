@@ -259,6 +259,14 @@ def test_buffers_identical_across_ranks_wherever_evaluation_runs(popen_runs, nam
     )  # own shards
 
 
+def test_rank_local_buffers_in_evaluation_when_broadcast_is_off(popen_runs):
+    """``broadcast_buffers=False`` at staleness 1: validation during fit sees each rank's own statistics
+    (they differ between syncs), which is what the default broadcast prevents."""
+    for run in _load(popen_runs, "client_s1_local"):
+        in_fit = [diff for stage, diff in run["contract"]["eval_buffer_diffs"] if stage == "fit"]
+        assert len(in_fit) == 3 and max(in_fit) > 0.0
+
+
 def test_manual_optimisation(popen_runs):
     """Two optimisers, manual_backward: staleness 0 equals DDPStrategy; staleness 1 (each optimiser.step goes
     through its gradient queue) equals automatic optimisation at staleness 1 with one equivalent SGD."""
