@@ -164,13 +164,36 @@ def test_queue_without_allow_missing_names_the_parameters_without_gradient():
     queue.push()
     _set_grads(params, 2)
     queue.push()
+    queue.apply_oldest()  # step 0's gradients; their counts are read at the next application
+    _set_grads(params, 3)
+    queue.push()
     with pytest.raises(RuntimeError, match=r"c \(1/2 ranks\).*find_unused_parameters=True"):
         queue.apply_oldest()
     queue = GradientQueue(params, 0, OtherRankReducer(), allow_missing=False)
+    for step in range(3):  # every rank had every gradient: no error
+        _set_grads(params, step)
+        queue.push()
+        queue.apply_oldest()
+    assert torch.equal(params[0].grad, torch.full_like(params[0], 11.0))  # (20 + 2) / 2
+
+
+@pytest.mark.gpu
+def test_queue_presence_check_on_cuda_reads_the_counts_a_step_late():
+    """On CUDA the counts travel to the host with a non-blocking copy and an event; the error is the same."""
+    if not torch.cuda.is_available():
+        pytest.fail("the gpu marker needs a CUDA device")
+    params = [nn.Parameter(p.detach().cuda()) for p in _params()]
+    queue = GradientQueue(params, 0, OtherRankReducer(), allow_missing=False, names=["a", "b", "c"])
     _set_grads(params, 1)
+    params[0].grad = None
     queue.push()
-    queue.apply_oldest()  # every rank had every gradient: no error
-    assert torch.equal(params[0].grad, torch.full_like(params[0], 6.0))
+    queue.apply_oldest()
+    assert queue._presence is not None and queue._presence.ready is not None
+    assert queue._presence.counts[0].device.type == "cpu"
+    _set_grads(params, 2)
+    queue.push()
+    with pytest.raises(RuntimeError, match=r"a \(1/2 ranks\)"):
+        queue.apply_oldest()
 
 
 def test_queue_averages_with_a_rank_that_has_the_gradient():
