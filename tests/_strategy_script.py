@@ -13,6 +13,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -220,6 +221,8 @@ SCENARIOS = {
     # manual optimisation (two optimisers); the single-optimiser automatic run it must equal at staleness 1
     "manual_ddp": ("ddp", dict(manual=True, epochs=2)),
     "manual_s0": (dict(staleness=0), dict(manual=True, epochs=2)),
+    "manual_ddp_static": ({"ddp": dict(static_graph=True)}, dict(manual=True, epochs=2)),
+    "manual_s0_static": (dict(staleness=0, static_graph=True), dict(manual=True, epochs=2)),
     "manual_s1": (dict(staleness=1, sync_period=1000), dict(manual=True, epochs=2)),
     "auto_sgd_s1": (dict(staleness=1, sync_period=1000), dict(optimizer="sgd", lr=0.05, epochs=2)),
     # a parameter no rank uses: accepted with find_unused_parameters=True, an error without
@@ -266,7 +269,12 @@ def run_scenario(name: str, strategy_spec, opts: dict, out_root: Path, devices: 
     """One ``Trainer.fit`` in the already-running processes; writes ``out_root/name/rank<r>.pt``."""
     pl.seed_everything(0, workers=True)
     model = _model(opts)
-    strategy = MQGNNStrategy(**strategy_spec) if isinstance(strategy_spec, dict) else strategy_spec
+    if isinstance(strategy_spec, dict) and "ddp" in strategy_spec:
+        strategy = DDPStrategy(**strategy_spec["ddp"])
+    elif isinstance(strategy_spec, dict):
+        strategy = MQGNNStrategy(**strategy_spec)
+    else:
+        strategy = strategy_spec
     recorder = CrossRankRecorder()
     contracts = ContractRecorder()
     callbacks: list[pl.Callback] = [recorder, CommStatsMonitor(), contracts]

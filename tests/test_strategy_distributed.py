@@ -281,6 +281,18 @@ def test_manual_optimisation(popen_runs):
         assert s1[rank]["final_loss"] < s1[rank]["init_loss"]
 
 
+def test_static_graph_with_manual_optimisation_equals_ddp(popen_runs):
+    """``static_graph=True`` passes through to the wrapper at staleness 0 (including DDPStrategy's
+    first-iteration flush for manual optimisation): same parameters as DDPStrategy(static_graph=True)."""
+    ddp, s0 = _load(popen_runs, "manual_ddp_static"), _load(popen_runs, "manual_s0_static")
+    plain = _load(popen_runs, "manual_ddp")
+    for rank in range(2):
+        assert (
+            torch.equal(ddp[rank]["params"], s0[rank]["params"]) and ddp[rank]["losses"] == s0[rank]["losses"]
+        )
+        assert torch.allclose(s0[rank]["params"], plain[rank]["params"], rtol=0, atol=1e-6)
+
+
 def test_unused_parameters(popen_runs):
     """Without find_unused_parameters a never-used parameter is an error naming the remedy (staleness 0:
     DDP's own, staleness 1: naming the parameters); with it, training runs and its gradient stays None."""
