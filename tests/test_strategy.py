@@ -156,6 +156,46 @@ class OtherRankReducer:
         return _Done()
 
 
+def test_queue_without_allow_missing_names_the_parameters_without_gradient():
+    params = _params()
+    queue = GradientQueue(params, 1, OtherRankReducer(), allow_missing=False, names=["a", "b", "c"])
+    _set_grads(params, 1)
+    params[2].grad = None  # the other rank has it: 1 of 2 ranks
+    queue.push()
+    _set_grads(params, 2)
+    queue.push()
+    queue.apply_oldest()  # step 0's gradients; their counts are read at the next application
+    _set_grads(params, 3)
+    queue.push()
+    with pytest.raises(RuntimeError, match=r"c \(1/2 ranks\).*find_unused_parameters=True"):
+        queue.apply_oldest()
+    queue = GradientQueue(params, 0, OtherRankReducer(), allow_missing=False)
+    for step in range(3):  # every rank had every gradient: no error
+        _set_grads(params, step)
+        queue.push()
+        queue.apply_oldest()
+    assert torch.equal(params[0].grad, torch.full_like(params[0], 11.0))  # (20 + 2) / 2
+
+
+@pytest.mark.gpu
+def test_queue_presence_check_on_cuda_reads_the_counts_a_step_late():
+    """On CUDA the counts travel to the host with a non-blocking copy and an event; the error is the same."""
+    if not torch.cuda.is_available():
+        pytest.fail("the gpu marker needs a CUDA device")
+    params = [nn.Parameter(p.detach().cuda()) for p in _params()]
+    queue = GradientQueue(params, 0, OtherRankReducer(), allow_missing=False, names=["a", "b", "c"])
+    _set_grads(params, 1)
+    params[0].grad = None
+    queue.push()
+    queue.apply_oldest()
+    assert queue._presence is not None and queue._presence.ready is not None
+    assert queue._presence.counts[0].device.type == "cpu"
+    _set_grads(params, 2)
+    queue.push()
+    with pytest.raises(RuntimeError, match=r"a \(1/2 ranks\)"):
+        queue.apply_oldest()
+
+
 def test_queue_averages_with_a_rank_that_has_the_gradient():
     params = _params()
     queue = GradientQueue(params, 0, OtherRankReducer())
@@ -225,8 +265,9 @@ def test_registry_names_and_defaults():
         ({"staleness": 1.5}, "staleness"),
         ({"sync_period": 0}, "sync_period"),
         ({"sync_scale": 0.0}, "sync_scale"),
-        ({"simulated_comm_delay_s": -0.1}, "simulated_comm_delay_s"),
         ({"ddp_comm_hook": lambda s, b: b}, "ddp_comm_hook"),
+        ({"static_graph": True}, "static_graph"),
+        ({"bucket_cap_mb": 5}, "bucket_cap_mb"),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs, match):
@@ -264,10 +305,19 @@ def _trainer(strategy, **kwargs):
     )
 
 
-def test_manual_optimisation_is_rejected_before_the_process_group_starts():
-    with pytest.raises(ValueError, match="manual optimisation"):
-        _trainer(MQGNNStrategy()).fit(_Tiny(manual=True))
-    assert not dist.is_initialized()
+def test_staleness_zero_accepts_every_ddp_argument():
+    """At staleness 0 the strategy is DDPStrategy: wrapper options and comm hooks pass through to it."""
+    strategy = MQGNNStrategy(
+        staleness=0, static_graph=True, bucket_cap_mb=5, find_unused_parameters=True, ddp_comm_hook=_hook
+    )
+    assert strategy._ddp_kwargs == {"static_graph": True, "bucket_cap_mb": 5, "find_unused_parameters": True}
+    assert strategy._ddp_comm_hook is _hook
+    queue_only = MQGNNStrategy(staleness=1, find_unused_parameters=True, broadcast_buffers=False)
+    assert queue_only.find_unused_parameters and not queue_only.broadcasts_buffers
+
+
+def _hook(state, bucket):
+    return bucket
 
 
 def test_grad_scaler_with_staleness_is_rejected():

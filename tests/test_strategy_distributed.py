@@ -20,6 +20,8 @@ pytestmark = pytest.mark.distributed
 
 SCRIPT = Path(__file__).with_name("_strategy_script.py")
 ROOT = SCRIPT.parent.parent
+sys.path.insert(0, str(SCRIPT.parent))
+from _strategy_script import RESUME_COMBOS, RESUME_EPOCHS, SCENARIOS, resume_name  # noqa: E402
 
 
 def _free_port() -> int:
@@ -71,10 +73,45 @@ def _load(root: Path, scenario: str) -> list[dict]:
     return [torch.load(f, weights_only=False) for f in files]
 
 
+# Resume cases of the default run, (staleness, sync_period, accumulate, per-step LR schedule), start epoch;
+# the slow test covers every combination from every epoch.
+DEFAULT_RESUMES = [((0, 1, 2, True), 1), ((1, 3, 1, True), 1), ((2, 3, 2, True), 0)]
+SLOW_RESUMES = [
+    (combo, start)
+    for combo in RESUME_COMBOS
+    for start in range(RESUME_EPOCHS - 1)
+    if (combo, start) not in DEFAULT_RESUMES
+]
+BASE_SCENARIOS = [
+    name for name in SCENARIOS if not name.startswith("resume_s") and not name.startswith("unused_err")
+]
+
+
+def _resume_scenarios(cases) -> list[str]:
+    names = []
+    for combo, start in cases:
+        names += [n for n in (resume_name(combo, None), resume_name(combo, start)) if n not in names]
+    return names
+
+
 @pytest.fixture(scope="module")
 def popen_runs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("mqgnn_popen")
-    _run_all([[sys.executable, str(SCRIPT), "--out", str(out)]], timeout=400)
+    # the failing scenarios last: each ends its Trainer.fit with an error on both ranks
+    scenarios = BASE_SCENARIOS + _resume_scenarios(DEFAULT_RESUMES) + ["unused_err_s0", "unused_err_s1"]
+    _run_all(
+        [[sys.executable, str(SCRIPT), "--out", str(out), "--scenarios", ",".join(scenarios)]], timeout=600
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def slow_resume_runs(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mqgnn_resume")
+    scenarios = _resume_scenarios(SLOW_RESUMES)
+    _run_all(
+        [[sys.executable, str(SCRIPT), "--out", str(out), "--scenarios", ",".join(scenarios)]], timeout=1800
+    )
     return out
 
 
@@ -137,6 +174,140 @@ def test_resume_from_mid_run_checkpoint_matches_uninterrupted(popen_runs):
     for rank in range(2):
         assert torch.equal(resumed[rank]["params"], full[rank]["params"])
         assert resumed[rank]["losses"] == full[rank]["losses"][8:]
+
+
+def _check_resume(root: Path, combo: tuple, start: int) -> None:
+    """Parameters, buffers (every rank's), the per-batch cross-rank differences, the losses and the
+    strategy's counters of the resumed run are bit-identical to the uninterrupted run's."""
+    full, resumed = _load(root, resume_name(combo, None)), _load(root, resume_name(combo, start))
+    assert len(full) == len(resumed) == 2
+    assert resumed[0]["global_step"] == full[0]["global_step"]
+    if combo[0] > 0:  # counters are strategy state from staleness 1 on
+        timings = {k: resumed[0]["stats"][k] for k in ("grad_wait_s", "sync_s")}
+        assert resumed[0]["stats"] == {**full[0]["stats"], **timings}
+    for rank in range(2):
+        batches_before = len(full[rank]["losses"]) * (start + 1) // RESUME_EPOCHS
+        assert 0 < len(resumed[rank]["losses"]) == len(full[rank]["losses"]) - batches_before  # mid-run
+        assert resumed[rank]["losses"] == full[rank]["losses"][batches_before:]
+        assert resumed[rank]["records"] == full[rank]["records"][batches_before:]
+        assert torch.equal(resumed[rank]["params"], full[rank]["params"])
+        assert torch.equal(resumed[rank]["buffers"], full[rank]["buffers"])
+
+
+@pytest.mark.parametrize(("combo", "start"), DEFAULT_RESUMES, ids=lambda v: str(v))
+def test_resume_is_bit_identical(popen_runs, combo, start):
+    _check_resume(popen_runs, combo, start)
+
+
+@pytest.mark.slow  # every (staleness, sync_period, accumulation, LR schedule) from every epoch: ~80 fits
+@pytest.mark.parametrize(("combo", "start"), SLOW_RESUMES, ids=lambda v: str(v))
+def test_resume_is_bit_identical_every_combination(slow_resume_runs, combo, start):
+    _check_resume(slow_resume_runs, combo, start)
+
+
+# ------------------------------------------------------------------ Lightning's DDP contracts
+def test_model_is_wrapped_in_ddp_at_staleness_zero(popen_runs):
+    """configure_ddp / wrapper contract: ``trainer.model`` is DistributedDataParallel with ``.module`` the
+    LightningModule at staleness 0, as under DDPStrategy; at staleness 1 the queue replaces the wrapper."""
+    for name in ("client_ddp", "client_s0"):
+        for run in _load(popen_runs, name):
+            assert run["contract"]["wrapper"] == "DistributedDataParallel"
+            assert run["contract"]["module_is_lightning_module"] is True
+    for run in _load(popen_runs, "client_s1"):
+        assert (
+            run["contract"]["wrapper"] == "Client" and run["contract"]["module_is_lightning_module"] is False
+        )
+
+
+def test_no_sync_and_user_comm_hook_at_staleness_zero(popen_runs):
+    """``block_backward_sync`` enters DDP's ``no_sync``; a comm hook the user registers on ``trainer.model``
+    runs once per optimiser step (accumulation skips the all-reduce of the other micro-batches)."""
+    ddp, s0 = _load(popen_runs, "client_ddp"), _load(popen_runs, "client_s0")
+    for run in ddp + s0:
+        assert run["contract"]["grad_sync_inside_block"] is False
+        assert run["contract"]["grad_sync_outside_block"] is True
+        assert run["contract"]["hook_calls"] == run["global_step"] == 6
+
+
+def test_batch_norm_validation_checkpoint_metric_equals_ddp_at_staleness_zero(popen_runs):
+    """Batch norm, validation logging ``val_loss`` with sync_dist, ModelCheckpoint(monitor="val_loss"),
+    accumulation 2, clipping, per-step LR schedule: every observable equals DDPStrategy's bit for bit."""
+    ddp, s0 = _load(popen_runs, "client_ddp"), _load(popen_runs, "client_s0")
+    for rank in range(2):
+        a, b = ddp[rank], s0[rank]
+        assert a["contract"]["val_loss"] == b["contract"]["val_loss"] and len(a["contract"]["val_loss"]) == 4
+        for key in ("best_score", "best_path", "validate", "test"):
+            assert a["after_fit"][key] == b["after_fit"][key], key
+        assert torch.equal(a["after_fit"]["predict"], b["after_fit"]["predict"])
+        assert torch.equal(a["params"], b["params"]) and torch.equal(a["buffers"], b["buffers"])
+
+
+@pytest.mark.parametrize("name", ["client_ddp", "client_s0", "client_s1"])
+def test_buffers_identical_across_ranks_wherever_evaluation_runs(popen_runs, name):
+    """Validation in fit (3 epochs), validate, test, predict, and after fit: max |rank_i - rank_0| of the
+    buffers the evaluation used is 0 (staleness 1: broadcast before each evaluation loop)."""
+    for run in _load(popen_runs, name):
+        stages = [stage for stage, _ in run["contract"]["eval_buffer_diffs"]]
+        assert stages == ["fit", "fit", "fit", "validate", "test", "predict"]
+        assert all(diff == 0.0 for _, diff in run["contract"]["eval_buffer_diffs"])
+        assert run["after_fit"]["buffer_diff"] == 0.0
+    runs = _load(popen_runs, name)
+    assert runs[0]["contract"]["val_loss"] == runs[1]["contract"]["val_loss"]
+    assert runs[0]["after_fit"]["best_path"] == runs[1]["after_fit"]["best_path"]
+    assert (
+        torch.equal(runs[0]["after_fit"]["predict"], runs[1]["after_fit"]["predict"]) is False
+    )  # own shards
+
+
+def test_rank_local_buffers_in_evaluation_when_broadcast_is_off(popen_runs):
+    """``broadcast_buffers=False`` at staleness 1: validation during fit sees each rank's own statistics
+    (they differ between syncs), which is what the default broadcast prevents."""
+    for run in _load(popen_runs, "client_s1_local"):
+        in_fit = [diff for stage, diff in run["contract"]["eval_buffer_diffs"] if stage == "fit"]
+        assert len(in_fit) == 3 and max(in_fit) > 0.0
+
+
+def test_manual_optimisation(popen_runs):
+    """Two optimisers, manual_backward: staleness 0 equals DDPStrategy; staleness 1 (each optimiser.step goes
+    through its gradient queue) equals automatic optimisation at staleness 1 with one equivalent SGD."""
+    ddp, s0 = _load(popen_runs, "manual_ddp"), _load(popen_runs, "manual_s0")
+    s1, auto = _load(popen_runs, "manual_s1"), _load(popen_runs, "auto_sgd_s1")
+    assert s1[0]["stats"]["skipped_steps"] == 2  # one queue-fill step per optimiser
+    for rank in range(2):
+        assert (
+            torch.equal(ddp[rank]["params"], s0[rank]["params"]) and ddp[rank]["losses"] == s0[rank]["losses"]
+        )
+        assert torch.equal(s1[rank]["params"], auto[rank]["params"])
+        assert s1[rank]["final_loss"] < s1[rank]["init_loss"]
+
+
+def test_static_graph_with_manual_optimisation_equals_ddp(popen_runs):
+    """``static_graph=True`` passes through to the wrapper at staleness 0 (including DDPStrategy's
+    first-iteration flush for manual optimisation): same parameters as DDPStrategy(static_graph=True)."""
+    ddp, s0 = _load(popen_runs, "manual_ddp_static"), _load(popen_runs, "manual_s0_static")
+    plain = _load(popen_runs, "manual_ddp")
+    for rank in range(2):
+        assert (
+            torch.equal(ddp[rank]["params"], s0[rank]["params"]) and ddp[rank]["losses"] == s0[rank]["losses"]
+        )
+        assert torch.allclose(s0[rank]["params"], plain[rank]["params"], rtol=0, atol=1e-6)
+
+
+def test_unused_parameters(popen_runs):
+    """Without find_unused_parameters a never-used parameter is an error naming the remedy (staleness 0:
+    DDP's own, staleness 1: naming the parameters); with it, training runs and its gradient stays None."""
+    for run in _load(popen_runs, "unused_err_s0"):
+        assert (
+            "find_unused_parameters=True" in run["error"]
+            and "were not used in producing the loss" in run["error"]
+        )
+    for run in _load(popen_runs, "unused_err_s1"):
+        assert "unused.weight (0/2 ranks), unused.bias (0/2 ranks)" in run["error"]
+        assert "find_unused_parameters=True" in run["error"]
+    for name in ("unused_ok_s0", "unused_ok_s1"):
+        for run in _load(popen_runs, name):
+            assert run["error"] is None and run["after_fit"]["unused_grad_is_none"] is True
+            assert run["final_loss"] < run["init_loss"]
 
 
 @pytest.mark.slow  # three interpreters import lightning: ~20 s idle, ~100 s on a loaded 2-core box

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -50,46 +48,13 @@ class _Works:
         self._works = []
 
 
-class _Delayed:
-    def __init__(self, future: Future) -> None:
-        self._future = future
-
-    def wait(self) -> None:
-        self._future.result()
-
-
 class AllReduce:
-    """``dist.all_reduce(async_op=True)`` over a process group.
+    """``dist.all_reduce(async_op=True)`` (sum) over a process group (None: the default group)."""
 
-    ``simulated_delay_s`` (benchmarks only) adds an artificial network latency: a background thread waits
-    for the real all-reduce, sleeps, then marks it complete, so the training thread is never blocked by
-    the delay unless it waits for the result. Delays are serialised, like messages on one link.
-    """
-
-    def __init__(self, group: Any = None, simulated_delay_s: float = 0.0) -> None:
-        if simulated_delay_s < 0:
-            raise ValueError(f"AllReduce: simulated_delay_s must be >= 0, got {simulated_delay_s!r}")
+    def __init__(self, group: Any = None) -> None:
         self.group = group
         self.world_size = dist.get_world_size(group)
-        self.simulated_delay_s = simulated_delay_s
-        self._executor: ThreadPoolExecutor | None = None
 
     def launch(self, tensors: list[Tensor]) -> PendingReduce:
         works = [dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group, async_op=True) for t in tensors]
-        pending = _Works(works)
-        if self.simulated_delay_s == 0:
-            return pending
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mqgnn-simulated-delay")
-        delay = self.simulated_delay_s
-
-        def complete_late() -> None:
-            pending.wait()
-            time.sleep(delay)
-
-        return _Delayed(self._executor.submit(complete_late))
-
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        return _Works(works)

@@ -20,6 +20,12 @@ class _Entry:
     local_missing: bool  # this rank lacked a gradient: only then can a count be 0 (read it, a host sync)
 
 
+@dataclass
+class _PresenceCopy:
+    counts: list[Tensor]  # per group: how many ranks had each member's gradient, on the host
+    ready: Any  # CUDA event marking the end of the copy, None for CPU tensors
+
+
 @dataclass(frozen=True)
 class _Group:
     dtype: torch.dtype
@@ -36,16 +42,34 @@ class GradientQueue:
     gradient into ``.grad``. Applying only once more than ``staleness`` reductions are queued gives the
     update rule W <- W - eta * grad_acc(t - staleness) (eq. 22 with a delayed eq. 21); staleness 0 is
     synchronous DDP. A parameter keeps ``grad = None`` only when no rank produced a gradient for it.
+
+    With ``allow_missing=False`` (DDP's ``find_unused_parameters=False``) a parameter that lacked a
+    gradient on any rank is an error naming it (from ``names``), raised on every rank at once: the presence
+    counts are reduced with the gradients, so all ranks see the same counts. The counts are copied to the
+    host asynchronously and read at the next application, so the check costs no device synchronisation
+    and, like DDP's, reports the step after the one that lacked the gradient.
     """
 
-    def __init__(self, params: list[Tensor], staleness: int, reducer: Reducer) -> None:
+    def __init__(
+        self,
+        params: list[Tensor],
+        staleness: int,
+        reducer: Reducer,
+        allow_missing: bool = True,
+        names: list[str] | None = None,
+    ) -> None:
         if staleness < 0:
             raise ValueError(f"GradientQueue: staleness must be >= 0, got {staleness!r}")
+        if names is not None and len(names) != len(params):
+            raise ValueError(f"GradientQueue: {len(names)} names for {len(params)} parameters")
         self.params = params
         self.staleness = staleness
         self.reducer = reducer
+        self.allow_missing = allow_missing
+        self.names = names if names is not None else [f"params[{i}]" for i in range(len(params))]
         self._groups = self._group_params(params)
         self._queue: deque[_Entry] = deque()
+        self._presence: _PresenceCopy | None = None
 
     @staticmethod
     def _group_params(params: list[Tensor]) -> list[_Group]:
@@ -87,6 +111,9 @@ class GradientQueue:
         """Wait for the oldest reduction, write it into ``.grad``; return the seconds spent blocked."""
         entry = self._queue.popleft()
         waited = self._complete(entry)
+        if not self.allow_missing:
+            self._check_presence()  # the previous application's counts
+            self._copy_presence(entry)
         for group, flat in zip(self._groups, entry.flats):
             # counts are >= 1 wherever this rank had a gradient; read them (host sync) only otherwise
             counts = flat[group.numel :].tolist() if entry.local_missing else [1.0] * len(group.members)
@@ -97,6 +124,36 @@ class GradientQueue:
                 p.grad = None if counts[j] == 0 else flat[offset : offset + n].view(p.shape)
                 offset += n
         return waited
+
+    def _copy_presence(self, entry: _Entry) -> None:
+        """Start copying the entry's presence counts to the host; read at the next application."""
+        counts = [flat[group.numel :] for group, flat in zip(self._groups, entry.flats)]
+        on_cuda = any(c.is_cuda for c in counts)
+        host = [c.to("cpu", non_blocking=True) if c.is_cuda else c.clone() for c in counts]
+        event = None
+        if on_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self._presence = _PresenceCopy(host, event)
+
+    def _check_presence(self) -> None:
+        copy, self._presence = self._presence, None
+        if copy is None:
+            return
+        if copy.ready is not None:
+            copy.ready.synchronize()  # long complete: it was enqueued a step ago
+        world = self.reducer.world_size
+        missing = []
+        for group, counts in zip(self._groups, copy.counts):
+            missing += [(self.names[i], int(c)) for i, c in zip(group.members, counts.tolist()) if c < world]
+        if missing:
+            listed = ", ".join(f"{name} ({count}/{world} ranks)" for name, count in missing)
+            raise RuntimeError(
+                "MQGNNStrategy: parameters received no gradient on some ranks, so they were not used in "
+                f"producing the loss: {listed}. If this is intentional, pass "
+                "`MQGNNStrategy(find_unused_parameters=True)` (they then average over the ranks that have a "
+                "gradient, counting the others as zero, and stay None where no rank has one)"
+            )
 
     @staticmethod
     def _complete(entry: _Entry) -> float:
@@ -114,6 +171,7 @@ class GradientQueue:
     def clear(self) -> None:
         self.drain()
         self._queue.clear()
+        self._presence = None
 
     def state_dict(self) -> dict[str, Any]:
         """Queued averaged gradients (completed first), on the CPU."""

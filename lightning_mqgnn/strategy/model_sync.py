@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
@@ -52,3 +53,31 @@ def average_across_ranks(tensors: list[Tensor], reducer: Reducer) -> None:
             n = t.numel()
             t.copy_(flat[offset : offset + n].view(t.shape))
             offset += n
+
+
+def broadcast_buffers(module: Module, src: int = 0, group: object = None) -> None:
+    """Overwrite every buffer with rank ``src``'s (one blocking broadcast per dtype/device group).
+
+    DDP does this before a forward when ``broadcast_buffers=True``; without the wrapper the strategy does
+    it where its buffer policy says (before evaluation, at the end of fit).
+    """
+    buffers = list(module.buffers())
+    groups: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
+    for b in buffers:
+        groups.setdefault((b.dtype, b.device), []).append(b)
+    for members in groups.values():
+        flat = torch.cat([b.detach().reshape(-1) for b in members])
+        dist.broadcast(flat, src=src, group=group)
+        offset = 0
+        for b in members:
+            n = b.numel()
+            b.data.copy_(flat[offset : offset + n].view(b.shape))
+            offset += n
+
+
+def gather_buffers(module: Module) -> list[list[Tensor]]:
+    """Every rank's buffers (on the CPU), indexed [rank][buffer]: what a checkpoint needs when they differ."""
+    local = [b.detach().cpu().clone() for b in module.buffers()]
+    gathered: list[list[Tensor] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    return [list(rank_buffers) for rank_buffers in gathered if rank_buffers is not None]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -15,14 +15,20 @@ from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
-from torch.distributed.distributed_c10d import _get_default_group
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
+from typing_extensions import override
 
-from lightning_mqgnn.strategy.comm import AllReduce, CommStats
+from lightning_mqgnn.strategy.comm import AllReduce, CommStats, Reducer
 from lightning_mqgnn.strategy.gradient_queue import GradientQueue
-from lightning_mqgnn.strategy.model_sync import average_across_ranks, sync_tensors
+from lightning_mqgnn.strategy.model_sync import (
+    average_across_ranks,
+    broadcast_buffers,
+    gather_buffers,
+    sync_tensors,
+)
 from lightning_mqgnn.strategy.sync_period import (
     DEFAULT_SYNC_SCALE,
     FALLBACK_SYNC_PERIOD,
@@ -31,29 +37,50 @@ from lightning_mqgnn.strategy.sync_period import (
 )
 
 CHECKPOINT_KEY = "mqgnn_strategy"
-_DDP_ONLY_ARGS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
+# DDPStrategy arguments that configure the DistributedDataParallel wrapper or its comm hooks: used as
+# DDP uses them at staleness 0; staleness > 0 has no wrapper, so there they are an error.
+_WRAPPER_ONLY_ARGS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
+# DistributedDataParallel keyword arguments that keep a meaning without the wrapper.
+_QUEUE_DDP_KWARGS = frozenset({"find_unused_parameters", "broadcast_buffers"})
 
 
 class MQGNNStrategy(DDPStrategy):
     """Multi-process training whose ranks do not wait for each other's gradients (paper section IV).
 
-    After each backward the step's gradients are all-reduced asynchronously into a gradient queue, and
-    the optimiser applies the averaged gradient of the step ``staleness`` steps earlier, so communication
-    overlaps the next batch. The first ``staleness`` steps of a run have no averaged gradient yet and do
-    not update the weights (queue fill; every rank keeps identical weights). ``staleness=0`` is synchronous
-    DDP. Every ``sync_period`` steps (eq. 23 when None) parameters, float buffers and optimiser state are
-    averaged across ranks. The model is not wrapped in ``DistributedDataParallel``: the queue does the
-    gradient exchange, on gloo and NCCL alike.
+    ``staleness=0`` is Lightning's ``DDPStrategy`` unchanged: the model is wrapped in
+    ``DistributedDataParallel`` (bucketed all-reduce overlapping backward, ``no_sync``, comm hooks,
+    ``static_graph``, ``find_unused_parameters``, buffer broadcast, manual optimisation).
+
+    ``staleness > 0`` replaces the wrapper by a gradient queue per optimiser: after each backward the
+    step's gradients are all-reduced asynchronously, and the optimiser applies the averaged gradient of
+    the step ``staleness`` steps earlier, so communication overlaps the next batch. The first
+    ``staleness`` steps of a run have no averaged gradient yet and do not update the weights (queue fill;
+    every rank keeps identical weights). Every ``sync_period`` optimiser steps (eq. 23 when None)
+    parameters, float buffers and optimiser state are averaged across ranks.
+
+    Buffer policy at ``staleness > 0``: during training buffers (e.g. batch-norm running statistics) are
+    rank-local and averaged at every model sync; with ``broadcast_buffers=True`` (the default, as in DDP)
+    rank 0's buffers are broadcast before every validation, test and predict loop and at the end of fit,
+    so evaluation and the fitted model are identical on every rank. Checkpoints carry every rank's
+    buffers, so resuming reproduces the uninterrupted run bit for bit.
+
+    Manual optimisation works at every staleness; at ``staleness > 0`` each ``optimizer.step()`` pushes the
+    gradients ``manual_backward`` left in ``.grad`` into that optimiser's queue and applies the averaged
+    gradient ``staleness`` steps older (nothing else to call). A parameter without a gradient on some rank
+    is an error naming it unless ``find_unused_parameters=True``, as under DDP. ``trainer.model`` is the
+    LightningModule itself at ``staleness > 0``: DDP's reducer writes the average of the current backward
+    into ``.grad`` and cannot skip the optimiser step while the queue fills, so there is no DDP wrapper
+    (and no ``no_sync``, comm hook or ``static_graph``) to offer there.
 
     Args:
-        staleness: how many steps old the applied averaged gradient is (0 = synchronous DDP).
+        staleness: how many steps old the applied averaged gradient is (0 = DDP).
         sync_period: optimiser steps between model synchronisations; None = eq. 23 from the DataModule's
-            graph (see ``graph_size_from_datamodule``), else ``FALLBACK_SYNC_PERIOD``. Ignored at staleness 0.
+            graph (see ``graph_size_from_datamodule``), else ``FALLBACK_SYNC_PERIOD``. Unused at staleness 0.
         sync_scale: the scale factor k of eq. 23 (see ``DEFAULT_SYNC_SCALE`` for the choice).
         sync_optimizer_state: also average the optimiser's per-parameter tensors at each sync.
-        simulated_comm_delay_s: benchmarks only -- an artificial latency added to every all-reduce's completion.
         **kwargs: passed to ``DDPStrategy`` (accelerator, cluster_environment, process_group_backend, timeout,
-            start_method, ...). ``broadcast_buffers`` (default True) is honoured at staleness 0.
+            start_method, DDP keyword arguments, comm hooks). At staleness > 0 only ``find_unused_parameters``
+            and ``broadcast_buffers`` of the DDP arguments apply; the others are rejected.
     """
 
     def __init__(
@@ -62,16 +89,17 @@ class MQGNNStrategy(DDPStrategy):
         sync_period: int | None = None,
         sync_scale: float = DEFAULT_SYNC_SCALE,
         sync_optimizer_state: bool = True,
-        simulated_comm_delay_s: float = 0.0,
         **kwargs: Any,
     ) -> None:
-        for name in _DDP_ONLY_ARGS:
-            if kwargs.get(name) is not None:
-                raise ValueError(
-                    f"MQGNNStrategy: `{name}` is a DDP comm-hook option and is not supported here"
-                )
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
             raise ValueError(f"MQGNNStrategy: staleness must be an integer >= 0, got {staleness!r}")
+        if staleness > 0:
+            for name in _WRAPPER_ONLY_ARGS:
+                if kwargs.get(name) is not None:
+                    raise ValueError(
+                        f"MQGNNStrategy: `{name}` configures DistributedDataParallel's comm hooks, which exist "
+                        f"only at staleness 0 (got staleness={staleness})"
+                    )
         if sync_period is not None and (
             isinstance(sync_period, bool) or not isinstance(sync_period, int) or sync_period < 1
         ):
@@ -80,41 +108,37 @@ class MQGNNStrategy(DDPStrategy):
             )
         if not sync_scale > 0:
             raise ValueError(f"MQGNNStrategy: sync_scale must be > 0, got {sync_scale!r}")
-        if simulated_comm_delay_s < 0:
-            raise ValueError(
-                f"MQGNNStrategy: simulated_comm_delay_s must be >= 0, got {simulated_comm_delay_s!r}"
-            )
         super().__init__(**kwargs)
+        unsupported = sorted(set(self._ddp_kwargs) - _QUEUE_DDP_KWARGS)
+        if staleness > 0 and unsupported:
+            raise ValueError(
+                f"MQGNNStrategy: DistributedDataParallel argument(s) {unsupported} configure the DDP wrapper, "
+                f"which exists only at staleness 0 (got staleness={staleness}); at staleness > 0 only "
+                f"{sorted(_QUEUE_DDP_KWARGS)} apply"
+            )
         self.staleness = staleness
         self.sync_scale = float(sync_scale)
         self.sync_optimizer_state = sync_optimizer_state
-        self.simulated_comm_delay_s = float(simulated_comm_delay_s)
         self._requested_sync_period = sync_period
         self.sync_period: int | None = sync_period  # resolved at setup
         self.comm_stats = CommStats()
         self._reducer: AllReduce | None = None
-        self._queue: GradientQueue | None = None
-        self._restored: dict[str, Any] | None = None
+        self._queues: dict[int, GradientQueue] = {}  # by optimiser index in self.optimizers
+        self._restored_queues: dict[int, dict[str, Any]] = {}
+        self._restored_rank_buffers: list[list[Tensor]] | None = None
+
+    @property
+    def find_unused_parameters(self) -> bool:
+        return bool(self._ddp_kwargs.get("find_unused_parameters", False))
+
+    @property
+    def broadcasts_buffers(self) -> bool:
+        return bool(self._ddp_kwargs.get("broadcast_buffers", True))
 
     # ----------------------------------------------------------------- setup / teardown
+    @override
     def connect(self, model: LightningModule) -> None:
         # Checked here, in every process before the process group starts, so a bad setup fails fast.
-        trainer = getattr(model, "_trainer", None)
-        if trainer is None or trainer.state.fn == TrainerFn.FITTING:
-            self._check_supported(model)
-        super().connect(model)
-
-    def setup(self, trainer: Trainer) -> None:
-        super().setup(trainer)
-        if trainer.state.fn == TrainerFn.FITTING:
-            self.sync_period = self._resolve_sync_period(trainer)
-
-    def _check_supported(self, module: LightningModule) -> None:
-        if not module.automatic_optimization:
-            raise ValueError(
-                "MQGNNStrategy: manual optimisation is not supported (gradients are exchanged inside the "
-                "optimiser step of automatic optimisation); use strategy='ddp' for this LightningModule"
-            )
         plugin = self.precision_plugin
         if self.staleness > 0 and isinstance(plugin, MixedPrecision) and plugin.scaler is not None:
             raise ValueError(
@@ -122,6 +146,13 @@ class MQGNNStrategy(DDPStrategy):
                 "between steps, so a stale gradient would be unscaled with the wrong factor; use "
                 "precision='bf16-mixed' or '32-true', or staleness=0"
             )
+        super().connect(model)
+
+    @override
+    def setup(self, trainer: Trainer) -> None:
+        super().setup(trainer)
+        if trainer.state.fn == TrainerFn.FITTING and self.staleness > 0:
+            self.sync_period = self._resolve_sync_period(trainer)
 
     def _resolve_sync_period(self, trainer: Trainer) -> int:
         if self._requested_sync_period is not None:
@@ -139,51 +170,93 @@ class MQGNNStrategy(DDPStrategy):
         )
         return period
 
+    @override
     def configure_ddp(self) -> None:
-        # No DistributedDataParallel wrapper: the gradient queue exchanges gradients. Start from rank 0's
-        # parameters and buffers, as DDP's constructor does.
+        if self.staleness == 0:
+            super().configure_ddp()
+            return
+        # No wrapper: the gradient queue exchanges gradients. Start from rank 0's parameters and buffers,
+        # as DDP's constructor does.
         assert self.model is not None
         _sync_module_states(self.model)
+        self._restore_rank_buffers()
 
+    @override
     def teardown(self) -> None:
-        if self._queue is not None:
-            self._queue.clear()  # in-flight all-reduces must finish before the process group goes away
-            self._queue = None
-        if self._reducer is not None:
-            self._reducer.close()
-            self._reducer = None
+        for queue in self._queues.values():
+            queue.clear()  # in-flight all-reduces must finish before the process group goes away
+        self._queues = {}
+        self._reducer = None
         super().teardown()
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state["_reducer"] = None
-        state["_queue"] = None
+        state["_queues"] = {}
         return state
 
+    # ----------------------------------------------------------------- buffer policy (staleness > 0)
+    def _broadcast_buffers_from_rank_zero(self) -> None:
+        if self.staleness == 0 or not self.broadcasts_buffers or not dist.is_initialized():
+            return
+        if self.world_size > 1 and self.lightning_module is not None:
+            with torch.no_grad():
+                broadcast_buffers(self.lightning_module, src=0)
+
+    @override
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        self._broadcast_buffers_from_rank_zero()
+
+    @override
+    def on_test_start(self) -> None:
+        super().on_test_start()
+        self._broadcast_buffers_from_rank_zero()
+
+    @override
+    def on_predict_start(self) -> None:
+        super().on_predict_start()
+        self._broadcast_buffers_from_rank_zero()
+
+    @override
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        self._broadcast_buffers_from_rank_zero()
+
     # ----------------------------------------------------------------- training step
-    def _get_reducer(self) -> AllReduce:
+    def make_reducer(self) -> Reducer:
+        """The all-reduce the gradient queues and model syncs use (a subclass may wrap it)."""
+        return AllReduce(group=None)
+
+    def _get_reducer(self) -> Reducer:
         if self._reducer is None:
-            self._reducer = AllReduce(group=None, simulated_delay_s=self.simulated_comm_delay_s)
+            self._reducer = self.make_reducer()
         return self._reducer
 
     def _get_queue(self, optimizer: Optimizer) -> GradientQueue:
-        if self._queue is None:
-            params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-            self._queue = GradientQueue(params, self.staleness, self._get_reducer())
-            if self._restored is not None:
-                self._load_state(self._restored)
-                self._restored = None
-        return self._queue
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        super().on_train_batch_start(batch, batch_idx)
-        # DDP broadcasts rank 0's buffers before every forward; do the same where we promise DDP's result.
-        if self.staleness == 0 and self._ddp_kwargs.get("broadcast_buffers", True) and self.world_size > 1:
+        index = next((i for i, opt in enumerate(self.optimizers) if opt is optimizer), None)
+        if index is None:
+            raise ValueError(
+                f"MQGNNStrategy: {type(optimizer).__name__} is not one of the optimisers returned by "
+                "configure_optimizers, so it has no gradient queue"
+            )
+        if index not in self._queues:
             assert self.lightning_module is not None
-            buffers = [b for b in self.lightning_module.buffers()]
-            if buffers:
-                dist._broadcast_coalesced(_get_default_group(), buffers, 250 * 1024 * 1024, 0)
+            names = {id(p): name for name, p in self.lightning_module.named_parameters()}
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+            queue = GradientQueue(
+                params,
+                self.staleness,
+                self._get_reducer(),
+                allow_missing=self.find_unused_parameters,
+                names=[names.get(id(p), f"optimizer {index} parameter {i}") for i, p in enumerate(params)],
+            )
+            if index in self._restored_queues:
+                queue.load_state_dict(self._restored_queues.pop(index))
+            self._queues[index] = queue
+        return self._queues[index]
 
+    @override
     def optimizer_step(
         self,
         optimizer: Optimizer,
@@ -191,8 +264,13 @@ class MQGNNStrategy(DDPStrategy):
         model: LightningModule | Module | None = None,
         **kwargs: Any,
     ) -> Any:
-        queue = self._get_queue(optimizer)
         stats = self.comm_stats
+        stats.steps += 1
+        if self.staleness == 0:  # DDP's reducer has averaged the gradients during backward
+            stats.applied_steps += 1
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
+
+        queue = self._get_queue(optimizer)
         calls = 0
 
         def closure_then_exchange() -> Any:
@@ -204,13 +282,13 @@ class MQGNNStrategy(DDPStrategy):
                     "gradient queue needs exactly one backward per optimiser step (LBFGS-style optimisers "
                     "are not supported)"
                 )
-            result = closure()  # forward + backward: local gradients in .grad
+            # automatic optimisation: forward + backward; manual: the user's manual_backward already ran
+            result = closure()
             queue.push()  # start the asynchronous all-reduce of this step (eq. 20-21)
             if queue.ready():  # the step `staleness` steps ago is due: .grad <- its average
                 stats.grad_wait_s += queue.apply_oldest()
             return result
 
-        stats.steps += 1
         if len(queue) + 1 > self.staleness:
             output = super().optimizer_step(optimizer, closure_then_exchange, model, **kwargs)  # eq. 22
             stats.applied_steps += 1
@@ -218,7 +296,7 @@ class MQGNNStrategy(DDPStrategy):
             output = closure_then_exchange()
             stats.skipped_steps += 1
 
-        if self.staleness > 0 and self.sync_period is not None and stats.steps % self.sync_period == 0:
+        if self.sync_period is not None and stats.steps % self.sync_period == 0:
             self.synchronise_model()
         return output
 
@@ -239,32 +317,65 @@ class MQGNNStrategy(DDPStrategy):
             "staleness": self.staleness,
             "sync_period": self.sync_period,
             "comm_stats": self.comm_stats.as_dict(),
-            "queue": None if self._queue is None else self._queue.state_dict(),
+            "queues": {index: queue.state_dict() for index, queue in self._queues.items()},
         }
 
     def _load_state(self, state: dict[str, Any]) -> None:
         for key, value in state["comm_stats"].items():
             setattr(self.comm_stats, key, type(getattr(self.comm_stats, key))(value))
-        if state["queue"] is not None and self._queue is not None:
-            self._queue.load_state_dict(state["queue"])
+        self._restored_queues = dict(state["queues"])
+        for index, queue in self._queues.items():  # queues that already exist load at once
+            if index in self._restored_queues:
+                queue.load_state_dict(self._restored_queues.pop(index))
 
+    @override
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any = None
     ) -> None:
-        if self._queue is not None:
-            checkpoint[CHECKPOINT_KEY] = self.state_dict()
+        # Called on every rank (Trainer.save_checkpoint's contract): gather the rank-local buffers here.
+        module = self.lightning_module
+        trainer = None if module is None else module._trainer
+        if self.staleness > 0 and trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            state = self.state_dict()
+            if self.world_size > 1 and dist.is_initialized():
+                state["rank_buffers"] = gather_buffers(module)
+            checkpoint[CHECKPOINT_KEY] = state
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
+    @override
     def load_checkpoint(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        self._restored = checkpoint.get(CHECKPOINT_KEY)
-        if self._restored is not None and self._queue is not None:  # restored after the first step
-            self._load_state(self._restored)
-            self._restored = None
+        state = checkpoint.get(CHECKPOINT_KEY)
+        if state is not None and self.staleness > 0:
+            self._load_state(state)
         return checkpoint
+
+    @override
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        super().load_model_state_dict(checkpoint, strict=strict)
+        state = checkpoint.get(CHECKPOINT_KEY) or {}
+        # applied after the rank-0 broadcast of setup (Lightning restores the model before setting up)
+        self._restored_rank_buffers = state.get("rank_buffers") if self.staleness > 0 else None
+
+    def _restore_rank_buffers(self) -> None:
+        rank_buffers, self._restored_rank_buffers = self._restored_rank_buffers, None
+        if rank_buffers is None or self.lightning_module is None:
+            return
+        buffers = list(self.lightning_module.buffers())
+        if len(rank_buffers) != self.world_size or len(rank_buffers[self.global_rank]) != len(buffers):
+            rank_zero_warn(
+                f"MQGNNStrategy: the checkpoint holds the buffers of {len(rank_buffers)} ranks "
+                f"({len(rank_buffers[0])} each); this run has {self.world_size} ranks and {len(buffers)} "
+                "buffers, so every rank starts from rank 0's buffers"
+            )
+            return
+        with torch.no_grad():
+            for buffer, saved in zip(buffers, rank_buffers[self.global_rank]):
+                buffer.copy_(saved.to(device=buffer.device, dtype=buffer.dtype))
 
     # ----------------------------------------------------------------- registry
     @classmethod
+    @override
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
         for name, start_method in (("mqgnn", "popen"), ("mqgnn_spawn", "spawn")):
             if name not in strategy_registry:

@@ -67,8 +67,41 @@ def _delayed_allreduce_hook(state, bucket):  # no annotations: torch checks them
     return result
 
 
+class _DelayedReduce:
+    """A launched all-reduce completed `delay_s` late by a background thread (SIMULATED latency)."""
+
+    def __init__(self, future) -> None:
+        self._future = future
+
+    def wait(self) -> None:
+        self._future.result()
+
+
+class DelayedAllReduce:
+    """The strategy's all-reduce with a SIMULATED network latency: a background thread waits for the real
+    all-reduce, sleeps, then marks it complete, so the training thread is only blocked by the delay if it
+    waits for the result. Delays are serialised, like messages on one link."""
+
+    def __init__(self, reducer, delay_s: float) -> None:
+        self.reducer = reducer
+        self.world_size = reducer.world_size
+        self.delay_s = delay_s
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="simulated-delay")
+
+    def launch(self, tensors):
+        pending = self.reducer.launch(tensors)
+
+        def complete_late() -> None:
+            pending.wait()
+            time.sleep(self.delay_s)
+
+        return _DelayedReduce(self._executor.submit(complete_late))
+
+
 def _make_strategies():
     from lightning.pytorch.strategies import DDPStrategy
+
+    from lightning_mqgnn.strategy import MQGNNStrategy
 
     class TimedDDPStrategy(DDPStrategy):
         """Lightning's DDPStrategy with the comm hook above registered on CPU too (Lightning only does it
@@ -86,7 +119,32 @@ def _make_strategies():
             self.hook_state.comm_wait_s += max(0.0, time.perf_counter() - self.hook_state.last_hook_call)
             return out
 
-    return TimedDDPStrategy
+    class TimedMQGNNStrategy(MQGNNStrategy):
+        """MQGNNStrategy with the same SIMULATED delay: at staleness 0 (the DDP wrapper) through the comm hook
+        above, at staleness > 0 by wrapping the all-reduce of the gradient queue and the model sync."""
+
+        def __init__(self, delay_s: float, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.hook_state = _DelayedHookState(delay_s)
+
+        def _register_ddp_hooks(self) -> None:
+            self.model.register_comm_hook(self.hook_state, _delayed_allreduce_hook)
+
+        def make_reducer(self):
+            reducer = super().make_reducer()
+            return (
+                reducer
+                if self.hook_state.delay_s == 0
+                else DelayedAllReduce(reducer, self.hook_state.delay_s)
+            )
+
+        def backward(self, closure_loss, optimizer, *args, **kwargs):
+            out = super().backward(closure_loss, optimizer, *args, **kwargs)
+            if self.staleness == 0:
+                self.hook_state.comm_wait_s += max(0.0, time.perf_counter() - self.hook_state.last_hook_call)
+            return out
+
+    return TimedDDPStrategy, TimedMQGNNStrategy
 
 
 def _run_worker(args: argparse.Namespace) -> None:
@@ -94,10 +152,8 @@ def _run_worker(args: argparse.Namespace) -> None:
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    from lightning_mqgnn.strategy import MQGNNStrategy
-
     torch.set_num_threads(1)
-    timed_ddp = _make_strategies()
+    timed_ddp, timed_mqgnn = _make_strategies()
 
     class MLP(pl.LightningModule):
         def __init__(self) -> None:
@@ -121,10 +177,10 @@ def _run_worker(args: argparse.Namespace) -> None:
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             self.ends.append(time.perf_counter())
             strategy = trainer.strategy
+            wait = strategy.hook_state.comm_wait_s
             if hasattr(strategy, "comm_stats"):
-                self.waits.append(strategy.comm_stats.grad_wait_s + strategy.comm_stats.sync_s)
-            else:
-                self.waits.append(strategy.hook_state.comm_wait_s)
+                wait += strategy.comm_stats.grad_wait_s + strategy.comm_stats.sync_s
+            self.waits.append(wait)
 
     n_steps = args.warmup + args.steps
     g = torch.Generator().manual_seed(0)
@@ -139,11 +195,7 @@ def _run_worker(args: argparse.Namespace) -> None:
                 if kind == "ddp":
                     strategy = timed_ddp(delay_ms / 1000)
                 else:
-                    strategy = MQGNNStrategy(
-                        staleness=staleness,
-                        sync_period=args.sync_period,
-                        simulated_comm_delay_s=delay_ms / 1000,
-                    )
+                    strategy = timed_mqgnn(delay_ms / 1000, staleness=staleness, sync_period=args.sync_period)
                 clock = StepClock()
                 trainer = pl.Trainer(
                     accelerator="cpu",
@@ -185,8 +237,9 @@ def _table(records: list[dict], args: argparse.Namespace) -> str:
     lines = [
         f"2 CPU processes (gloo), MLP {args.features}-{args.hidden}-{args.hidden}-10, batch {args.batch_size}/rank, "
         f"Adam, {args.steps} timed steps after {args.warmup} warm-up, mqgnn sync_period={args.sync_period}. "
-        "Delay = SIMULATED extra latency per all-reduce. Comm wait: mqgnn = time blocked in work.wait() "
-        "(gradient queue + periodic sync); DDP = end of backward - last bucket hook call. "
+        "Delay = SIMULATED extra latency per all-reduce. Comm wait: mqgnn s>0 = time blocked in work.wait() "
+        "(gradient queue + periodic sync); DDP and mqgnn s=0 (the DDP wrapper) = end of backward - last "
+        "bucket hook call. "
         "Hidden (step) = 1 - (step(d) - step(0)) / d; hidden (wait) = 1 - (wait(d) - wait(0)) / d. "
         "Time/step = median step interval; comm wait/step = total wait / steps (includes syncs). "
         f"Mean over both ranks, median over {args.rounds} rounds.",
