@@ -6,7 +6,11 @@ sampling, ``s = min(nnz(p), samples)``), emit the block ``L[prev, S] · diag(col
 set ``prev = S``. ``colweight`` is ``1/(s p)`` (eq. 8) or, with ``debias``, the weights of eq. 13.
 No row normalisation and no added batch nodes (Chen et al.); all-zero rows are allowed.
 
-Subclasses only say where the probabilities come from (``layer_distribution``).
+Subclasses implement two hooks: ``draw_layer``, one layer's draws (``sample`` calls it), and
+``layer_distribution``, the exact law those draws follow (eq. 7-8; ``distribution`` exposes it
+for checks). They are separate because a sampler may draw from the law without ever building it:
+FastGCN's is global and precomputed, LADIES draws entries of ``L[prev, :]`` whose columns follow
+eq. 7 and sums probabilities only for the columns drawn.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from lightning_mqgnn.graph.huge_pages import advise_huge_pages
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.debias import debias_weights
 from lightning_mqgnn.sampling.exact import edge_weights
-from lightning_mqgnn.sampling.successive import successive_sample
 
 
 @dataclass
@@ -77,9 +80,14 @@ class LayerwiseSampler:
         return self._scratch
 
     def layer_distribution(self, prev: Tensor, cols: Tensor, values: Tensor) -> LayerDistribution:
-        """The distribution of the layer below ``prev``, from the entries of ``L[prev, :]`` (their
-        columns and values, in any order)."""
-        raise NotImplementedError
+        """Hook: the distribution of the layer below ``prev``, from the entries of ``L[prev, :]``
+        (their columns and values, in any order)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement layer_distribution")
+
+    def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> LayerDraw:
+        """Hook: ``s`` successive draws (without replacement) from ``layer_distribution`` of
+        ``prev``, and the entries of ``rows`` they keep (``keep``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement draw_layer")
 
     def distribution(self, prev: Tensor) -> LayerDistribution:
         """``layer_distribution`` of the rows ``prev``."""
@@ -99,12 +107,6 @@ class LayerwiseSampler:
             prev = draw.chosen
         blocks.reverse()
         return MiniBatch(input_nodes=prev, output_nodes=seeds, blocks=blocks)
-
-    def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> LayerDraw:
-        """One layer's successive draws from ``layer_distribution`` and the entries they keep."""
-        dist = self.layer_distribution(prev, rows.cols, self.entry_values(prev, rows))
-        pos = successive_sample(dist.p, s, cdf=dist.cdf, nnz=dist.nnz, last=dist.last, slot=self.scratch())
-        return self.keep(prev, rows, dist.support[pos], dist.p[pos])
 
     def keep(self, prev: Tensor, rows: RowEntries, chosen: Tensor, p_chosen: Tensor) -> LayerDraw:
         """The ``LayerDraw`` of ``chosen``: its kept entries of ``rows`` and their values."""
