@@ -15,7 +15,8 @@ from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models import NodeClassifier
 from lightning_mqgnn.sampling.fastgcn import FastGCNSampler
-from lightning_mqgnn.sampling.gns import GNSCache, GNSSampler
+from lightning_mqgnn.sampling.feature_cache import GNSCache
+from lightning_mqgnn.sampling.gns import GNSSampler
 from lightning_mqgnn.sampling.ladies import LADIESSampler
 
 REPO = Path(__file__).resolve().parents[1]

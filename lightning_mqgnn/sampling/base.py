@@ -12,10 +12,18 @@ from lightning_mqgnn.sampling.batch import MiniBatch
 
 def row_positions(starts: Tensor, counts: Tensor) -> Tensor:
     """``cat([arange(s, s + c) for s, c in zip(starts, counts)])``: the CSR positions of whole
-    rows. One repeat: each segment is its output positions shifted by ``start - output start``."""
+    rows (empty rows allowed). One cumulative sum: steps are 1 except where a row begins, where
+    the step jumps from the previous row's last position to the row's start."""
+    if not bool((counts > 0).all()):
+        keep = counts > 0
+        starts, counts = starts[keep], counts[keep]
     total = int(counts.sum())
-    shift = starts - (torch.cumsum(counts, 0) - counts)
-    return torch.arange(total) + torch.repeat_interleave(shift, counts, output_size=total)
+    if total == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    step = torch.ones(total, dtype=torch.int64)
+    last_before = torch.cat([starts.new_zeros(1), (starts + counts)[:-1] - 1])  # before the first: 0
+    step[torch.cumsum(counts, 0) - counts] = starts - last_before
+    return step.cumsum_(0)
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.huge_pages import advise_huge_pages
+from lightning_mqgnn.sampling.base import row_positions
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.debias import debias_weights
 from lightning_mqgnn.sampling.exact import edge_weights
@@ -212,7 +213,7 @@ def row_entries(graph: CSRGraph, prev: Tensor) -> RowEntries:
     starts = graph.indptr.index_select(0, prev)
     lengths = graph.indptr.index_select(0, prev + 1) - starts + 1  # + the self loop
     ends = torch.cumsum(lengths, 0)
-    edge_pos = segment_positions(starts, lengths, ends, int(ends[-1]))
+    edge_pos = row_positions(starts, lengths)
     selfs = ends - 1
     edge_pos[selfs] = 0  # (the next row's first edge there, or one past the last edge)
     if graph.num_edges:
@@ -221,16 +222,6 @@ def row_entries(graph: CSRGraph, prev: Tensor) -> RowEntries:
     else:
         cols = prev.clone()
     return RowEntries(edge_pos=edge_pos, cols=cols, ends=ends)
-
-
-def segment_positions(starts: Tensor, lengths: Tensor, ends: Tensor, total: int) -> Tensor:
-    """``cat([arange(a, a + n) for a, n in zip(starts, lengths)])`` as one cumulative sum, for
-    non-empty segments: steps are 1 except where a segment begins, where the step jumps from the
-    previous segment's last value to its start."""
-    step = torch.ones(total, dtype=torch.int64)
-    last_before = torch.cat([starts.new_zeros(1), (starts + lengths)[:-1] - 1])  # virtual value 0
-    step[ends - lengths] = starts - last_before
-    return step.cumsum_(0)
 
 
 def normalise(pi: Tensor, who: str) -> Tensor:

@@ -35,10 +35,10 @@ import numpy as np
 import psutil
 import torch
 
+from lightning_mqgnn.callbacks import StageTimingCallback
 from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models import NodeClassifier
-from lightning_mqgnn.pipeline.stage_timing import StageTimingCallback
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
