@@ -7,6 +7,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from lightning_mqgnn.models.dropout import ReLUDropout
 from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference
@@ -50,6 +51,7 @@ class NodeClassifier(pl.LightningModule):
         self.test_metric = make_metric(metric, num_classes, multilabel)
         self._inference: FullGraphInference | None = None
 
+    @override
     def forward(self, blocks: list[Block], x: Tensor, aggregated: bool = False) -> Tensor:
         """Logits of the last block's destinations; ``aggregated``: ``x`` is the first block's
         aggregation of the inputs (``MiniBatch.aggregated``), not their feature rows."""
@@ -60,6 +62,7 @@ class NodeClassifier(pl.LightningModule):
                 h = self.relu_dropout(h)
         return h
 
+    @override
     def training_step(self, batch: MiniBatch, batch_idx: int) -> Tensor:
         if len(batch.blocks) != len(self.layers):
             raise ValueError(
@@ -97,12 +100,15 @@ class NodeClassifier(pl.LightningModule):
         metric.update(metric_input(logits, self.hparams.metric, self.hparams.multilabel), labels.long())
         self.log(name, metric, prog_bar=True, batch_size=batch.nodes.numel())
 
+    @override
     def validation_step(self, batch: FullGraphBatch, batch_idx: int) -> None:
         self._score(batch, self.val_metric, "val/metric")
 
+    @override
     def test_step(self, batch: FullGraphBatch, batch_idx: int) -> None:
         self._score(batch, self.test_metric, "test/metric")
 
+    @override
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         if isinstance(batch, FullGraphBatch):
             return batch  # inference moves what it needs, one layer at a time
@@ -112,6 +118,7 @@ class NodeClassifier(pl.LightningModule):
             return batch if on_device else batch.to(device)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
+    @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """Adam, fused (one kernel over every parameter instead of a loop of small ones per tensor)
         where torch has it for the parameters' device."""

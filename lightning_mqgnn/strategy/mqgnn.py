@@ -19,6 +19,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.distributed.distributed_c10d import _get_default_group
 from torch.nn import Module
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from lightning_mqgnn.strategy.comm import AllReduce, CommStats
 from lightning_mqgnn.strategy.gradient_queue import GradientQueue
@@ -97,6 +98,7 @@ class MQGNNStrategy(DDPStrategy):
         self._restored: dict[str, Any] | None = None
 
     # ----------------------------------------------------------------- setup / teardown
+    @override
     def connect(self, model: LightningModule) -> None:
         # Checked here, in every process before the process group starts, so a bad setup fails fast.
         trainer = getattr(model, "_trainer", None)
@@ -104,6 +106,7 @@ class MQGNNStrategy(DDPStrategy):
             self._check_supported(model)
         super().connect(model)
 
+    @override
     def setup(self, trainer: Trainer) -> None:
         super().setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING:
@@ -139,12 +142,14 @@ class MQGNNStrategy(DDPStrategy):
         )
         return period
 
+    @override
     def configure_ddp(self) -> None:
         # No DistributedDataParallel wrapper: the gradient queue exchanges gradients. Start from rank 0's
         # parameters and buffers, as DDP's constructor does.
         assert self.model is not None
         _sync_module_states(self.model)
 
+    @override
     def teardown(self) -> None:
         if self._queue is not None:
             self._queue.clear()  # in-flight all-reduces must finish before the process group goes away
@@ -175,6 +180,7 @@ class MQGNNStrategy(DDPStrategy):
                 self._restored = None
         return self._queue
 
+    @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
         # DDP broadcasts rank 0's buffers before every forward; do the same where we promise DDP's result.
@@ -184,6 +190,7 @@ class MQGNNStrategy(DDPStrategy):
             if buffers:
                 dist._broadcast_coalesced(_get_default_group(), buffers, 250 * 1024 * 1024, 0)
 
+    @override
     def optimizer_step(
         self,
         optimizer: Optimizer,
@@ -248,6 +255,7 @@ class MQGNNStrategy(DDPStrategy):
         if state["queue"] is not None and self._queue is not None:
             self._queue.load_state_dict(state["queue"])
 
+    @override
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any = None
     ) -> None:
@@ -255,6 +263,7 @@ class MQGNNStrategy(DDPStrategy):
             checkpoint[CHECKPOINT_KEY] = self.state_dict()
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
+    @override
     def load_checkpoint(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         self._restored = checkpoint.get(CHECKPOINT_KEY)
@@ -265,6 +274,7 @@ class MQGNNStrategy(DDPStrategy):
 
     # ----------------------------------------------------------------- registry
     @classmethod
+    @override
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
         for name, start_method in (("mqgnn", "popen"), ("mqgnn_spawn", "spawn")):
             if name not in strategy_registry:
