@@ -113,7 +113,7 @@ class NodeClassifier(pl.LightningModule):
         if isinstance(batch, FullGraphBatch):
             return batch  # inference moves what it needs, one layer at a time
         if isinstance(batch, MiniBatch):
-            # directly: Lightning's generic walk over the dataclass fields cost ~2 ms per step
+            # directly: Lightning's generic walk over the dataclass fields costs time every step
             on_device = batch.input_nodes is not None and batch.input_nodes.device == device
             return batch if on_device else batch.to(device)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)

@@ -62,7 +62,7 @@ class Relabeler:
         ``prefix`` must hold distinct ids."""
         if self._slot is None:
             self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64)
-        slot = self._slot  # index_select/index_fill_ below: 1-D fancy indexing is ~6x slower
+        slot = self._slot  # index_select/index_fill_ below: 1-D fancy indexing is much slower
         slot.index_copy_(0, prefix, torch.arange(prefix.numel()))
         new = torch.unique(others[slot.index_select(0, others) < 0])
         slot.index_copy_(0, new, torch.arange(prefix.numel(), prefix.numel() + new.numel()))

@@ -227,7 +227,7 @@ class GNSCache:
 
     def _index_cached_edges(self) -> None:
         """Rebuild ``edge_indptr``/``edge_pos`` from ``slot``: one pass over the edges, reading a
-        boolean mask (1 byte a node: stays in cache) rather than the int64 slots (4x faster)."""
+        boolean mask (1 byte a node: stays in cache) rather than the int64 slots (8 bytes a node)."""
         g = self.graph
         pos = (self.slot >= 0).index_select(0, g.indices).nonzero().squeeze(1)
         rows = torch.searchsorted(g.indptr, pos, right=True) - 1

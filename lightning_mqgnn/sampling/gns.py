@@ -8,7 +8,7 @@ Horvitz-Thompson weight ``P_vu / (π_u q_v)``. Over the cache draw and the sampl
 is not). So the input layer only reads cached features, plus the destinations' own rows.
 ``estimator="hajek"`` rescales each row's HT weights to the row's exact mass ``Σ_u P_vu``
 (self-normalised: consistent, not unbiased): rarely cached nodes no longer arrive with 1/π_u
-weights in the hundreds, which cost GCN much of its accuracy on a generated products-like graph.
+weights in the hundreds, which on a generated products-like graph cost GCN half its accuracy.
 """
 
 from __future__ import annotations
