@@ -92,7 +92,6 @@ class PipelinedLoader(Planned):
         self.pool: SamplerWorkerPool | None = None
         self.mover: DeviceMover | None = None
         self.generation = 0
-        self.head_starts_used = 0  # epochs that opened on a head start (see the module docstring)
         self._head: _HeadStart | None = None
         self._run: _EpochRun | None = None
 
@@ -192,7 +191,6 @@ class PipelinedLoader(Planned):
         if producer == "workers":
             self._ensure_started()
             if head is not None and head.epoch == epoch:
-                self.head_starts_used += 1
                 return plan, head.batches, head, producer
         else:
             self._ensure_mover()
@@ -386,6 +384,7 @@ class _EpochRun:
             queue_size=self.queue.capacity,
             epoch=self.epoch,
             producer="workers",
+            head_start=self._opened_by is not None,  # the epoch opened on a head start
         )
         if compute_s is not None:
             batch.meta["prev_compute_s"] = compute_s
