@@ -102,14 +102,6 @@ class MQGNNDataModule(pl.LightningDataModule):
     def drop_last(self) -> bool:
         return self.source.drop_last
 
-    @property
-    def seed(self) -> int:
-        return self.source.seed
-
-    @property
-    def feature_cache(self) -> FeatureCache | None:
-        return self.source.feature_cache
-
     def epoch_plan(self) -> EpochPlan:
         """The coming epoch as the Trainer knows it (epoch 0 on one CPU rank without one)."""
         trainer = self.trainer

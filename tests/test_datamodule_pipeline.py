@@ -30,7 +30,7 @@ def ds():
 def test_loader_configs_instantiate_with_the_recipe_call_shape(ds, name, mode, loader_type):
     cfg = OmegaConf.merge(OmegaConf.create({"seed": 5}), {"loader": OmegaConf.load(CONF / f"{name}.yaml")})
     dm = instantiate(cfg.loader)(dataset=ds, sampler=NeighborSampler(ds.graph, [5, 5]))
-    assert isinstance(dm, MQGNNDataModule) and dm.mode == mode and dm.seed == 5
+    assert isinstance(dm, MQGNNDataModule) and dm.mode == mode and dm.source.seed == 5
     assert isinstance(dm.train_dataloader(), loader_type)
     if mode == "pipeline":
         assert dm.settings.queue_size == "auto" and dm.settings.num_workers is None
