@@ -1,21 +1,21 @@
-"""The LightningDataModule that ties graph, sampler and loader together."""
+"""The LightningDataModule that ties graph, sampler and loader together: a thin adapter that
+builds the loaders' ``BatchSource`` and ``PipelineSettings`` and reads each epoch's ``EpochPlan``
+from the Trainer."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-
 import lightning.pytorch as pl
+from typing_extensions import override
 
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models.inference import FullGraphLoader
-from lightning_mqgnn.pipeline.loader import FeatureCache, PipelinedLoader
-from lightning_mqgnn.pipeline.produce import produce_here
-from lightning_mqgnn.pipeline.producer_choice import PRODUCERS
-from lightning_mqgnn.pipeline.schedule import batch_rng_seed, epoch_batches, num_batches
-from lightning_mqgnn.pipeline.workers import check_start_method, default_num_workers
+from lightning_mqgnn.pipeline.loader import PipelinedLoader
+from lightning_mqgnn.pipeline.plan import EpochPlan
+from lightning_mqgnn.pipeline.sequential import SequentialLoader
+from lightning_mqgnn.pipeline.settings import PipelineSettings
+from lightning_mqgnn.pipeline.source import BatchSource
 from lightning_mqgnn.sampling.base import Sampler
-from lightning_mqgnn.sampling.batch import MiniBatch
+from lightning_mqgnn.sampling.feature_cache import FeatureCache
 
 MODES = ("sequential", "pipeline")
 
@@ -63,33 +63,21 @@ class MQGNNDataModule(pl.LightningDataModule):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"loader mode must be one of {MODES}, got {mode!r}")
-        if num_workers is not None and num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1 (or None for auto), got {num_workers}")
-        if queue_size != "auto" and (not isinstance(queue_size, int) or queue_size < 1):
-            raise ValueError(f"queue_size must be a positive int or 'auto', got {queue_size!r}")
-        check_start_method(start_method, worker_threads)
-        if producer not in PRODUCERS:
-            raise ValueError(f"producer must be one of {PRODUCERS}, got {producer!r}")
-        if not 0.0 <= memory_margin < 1.0:
-            raise ValueError(f"memory_margin must be in [0, 1), got {memory_margin}")
-        self.dataset = dataset
-        self.sampler = sampler
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.seed = seed
         self.mode = mode
-        self.num_workers = num_workers
-        self.queue_size = queue_size
-        self.cpu_queue_size = cpu_queue_size
-        self.start_method = start_method
-        self.worker_threads = worker_threads
-        self.warmup_batches = warmup_batches
-        self.window_batches = window_batches
-        self.memory_margin = memory_margin
-        self.producer = producer
-        self.aggregate_inputs = aggregate_inputs
-        self.feature_cache = feature_cache
+        self.source = BatchSource(
+            dataset, sampler, batch_size, shuffle, drop_last, seed, aggregate_inputs, feature_cache
+        )
+        self.settings = PipelineSettings(
+            num_workers,
+            queue_size,
+            cpu_queue_size,
+            start_method,
+            worker_threads,
+            warmup_batches,
+            window_batches,
+            memory_margin,
+            producer,
+        )
         self.pipeline_loader: PipelinedLoader | None = None
 
     def __getstate__(self) -> dict:
@@ -98,79 +86,64 @@ class MQGNNDataModule(pl.LightningDataModule):
         state["pipeline_loader"] = None
         return state
 
-    def rank_and_world(self) -> tuple[int, int]:
+    @property
+    def dataset(self) -> GraphDataset:
+        return self.source.dataset
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.source.sampler
+
+    @property
+    def batch_size(self) -> int:
+        return self.source.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self.source.drop_last
+
+    def epoch_plan(self) -> EpochPlan:
+        """The coming epoch as the Trainer knows it (epoch 0 on one CPU rank without one)."""
         trainer = self.trainer
         if trainer is None:
-            return 0, 1
-        return trainer.global_rank, trainer.world_size
-
-    def ranks_on_node(self) -> int:
-        trainer = self.trainer
-        if trainer is None:
-            return 1
-        return max(1, trainer.world_size // max(1, trainer.num_nodes))
-
-    def current_epoch(self) -> int:
-        return self.trainer.current_epoch if self.trainer is not None else 0
+            return EpochPlan()
+        return EpochPlan(
+            epoch=trainer.current_epoch,
+            rank=trainer.global_rank,
+            world_size=trainer.world_size,
+            ranks_on_node=max(1, trainer.world_size // max(1, trainer.num_nodes)),
+            device=trainer.strategy.root_device,
+            max_epochs=trainer.max_epochs if trainer.max_epochs is not None else -1,
+            stopping=trainer.should_stop,
+        )
 
     def graph_stats(self) -> tuple[int, int]:
         """(|V|, |E|) of the training graph, for the synchronisation period of eq. 23."""
         return self.dataset.num_nodes, self.dataset.graph.num_edges
 
-    def epoch_seeds(self, epoch: int) -> list:
-        rank, world = self.rank_and_world()
-        return epoch_batches(
-            self.dataset.train_idx,
-            self.batch_size,
-            epoch,
-            seed=self.seed,
-            rank=rank,
-            world_size=world,
-            shuffle=self.shuffle,
-            drop_last=self.drop_last,
-        )
-
-    def input_aggregation(self) -> str | None:
-        """The sampler's aggregation when the gather stage aggregates the first layer, else None."""
-        return self.sampler.aggregation if self.aggregate_inputs else None
-
-    def produce_here(self, epoch: int, index: int, seeds) -> MiniBatch:
-        """Batch ``index`` of ``epoch`` (seeded from ``seed``, epoch and index), sampled and
-        gathered in this process without touching its random stream."""
-        cache = self.feature_cache
-        return produce_here(
-            self.sampler,
-            seeds,
-            self.dataset.features,
-            self.dataset.labels,
-            batch_rng_seed(self.seed, epoch, index),
-            index,
-            cache.slot if cache is not None else None,
-            self.input_aggregation(),
-        )
-
     def num_train_batches(self) -> int:
-        _, world = self.rank_and_world()
-        return num_batches(self.dataset.train_idx.numel(), self.batch_size, world, self.drop_last)
+        return self.source.num_batches(self.epoch_plan().world_size)
 
+    @override
     def train_dataloader(self) -> SequentialLoader | PipelinedLoader:
         if self.mode == "sequential":
-            return SequentialLoader(self)
+            return SequentialLoader(self.source, self.epoch_plan)
         return self.train_pipeline_loader()
 
     def train_pipeline_loader(self) -> PipelinedLoader:
         if self.pipeline_loader is None:
-            self.pipeline_loader = PipelinedLoader(
-                self, num_workers=self.num_workers or default_num_workers(self.ranks_on_node())
-            )
+            self.pipeline_loader = PipelinedLoader(self.source, self.settings, self.epoch_plan)
         return self.pipeline_loader
 
+    @override
     def val_dataloader(self) -> FullGraphLoader:
         return FullGraphLoader(self.dataset, self.dataset.val_idx, "val")
 
+    @override
     def test_dataloader(self) -> FullGraphLoader:
         return FullGraphLoader(self.dataset, self.dataset.test_idx, "test")
 
+    @override
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.mode == "pipeline":
             # workers fork and sample the first batches while Lightning sets up and sanity-checks
@@ -182,42 +155,12 @@ class MQGNNDataModule(pl.LightningDataModule):
         if self.pipeline_loader is not None:
             self.pipeline_loader.shutdown()
 
+    @override
     def teardown(self, stage: str) -> None:
         if stage == "fit":
             self.shutdown_pipeline()
 
+    @override
     def on_exception(self, exception: BaseException) -> None:
         # Lightning calls this (not teardown) on errors and KeyboardInterrupt
         self.shutdown_pipeline()
-
-
-class SequentialLoader:
-    """Sample → gather → hand over, one batch at a time in the training process (no overlap).
-
-    The baseline every pipeline figure is compared against. Stage times go to ``batch.meta``;
-    ``wait_s`` is the whole sample + gather time, since the training loop waits for all of it.
-    """
-
-    def __init__(self, datamodule: MQGNNDataModule):
-        self.dm = datamodule
-
-    def __len__(self) -> int:
-        return self.dm.num_train_batches()
-
-    def __iter__(self) -> Iterator[MiniBatch]:
-        dm = self.dm
-        ds = dm.dataset
-        epoch = dm.current_epoch()
-        cache = dm.feature_cache
-        cache_rows = None
-        if cache is not None:
-            cache.refresh_(epoch)
-            cache_rows = ds.features.index_select(0, cache.nodes)
-        for i, seeds in enumerate(dm.epoch_seeds(epoch)):
-            t0 = time.perf_counter()
-            batch = dm.produce_here(epoch, i, seeds)
-            if cache is not None:
-                batch.features = batch.input_features(cache_rows)
-                batch.cache_slots = None
-            batch.meta.update(wait_s=time.perf_counter() - t0, epoch=epoch)
-            yield batch

@@ -19,8 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lightning_mqgnn.callbacks import BatchEarlyStopping, BatchTimer, GPUBusyMonitor
-from lightning_mqgnn.pipeline.stage_timing import StageTimingCallback
+from lightning_mqgnn.callbacks import BatchEarlyStopping, BatchTimer, GPUBusyMonitor, StageTimingCallback
 from lightning_mqgnn.strategy import CommStatsMonitor, MQGNNStrategy  # also registers "mqgnn"
 
 REPO = Path(__file__).resolve().parents[1]

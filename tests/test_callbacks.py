@@ -46,3 +46,59 @@ def test_gpu_busy_monitor_reports_nothing_for_a_cpu_run():
     monitor.on_train_epoch_start(None, module)
     monitor.on_fit_end(None, module)
     assert monitor._thread is None and monitor.busy_fraction is None
+
+
+def test_one_clock_takes_validation_out_of_batch_and_epoch_times(monkeypatch):
+    from lightning_mqgnn.callbacks import clock as clock_module
+    from lightning_mqgnn.callbacks.clock import TrainingClock
+
+    now = [0.0]
+    monkeypatch.setattr(clock_module.time, "perf_counter", lambda: now[0])
+    clock = TrainingClock()
+    clock.fit_start(torch.device("cpu"))
+    now[0] = 1.0
+    clock.train_epoch_start()
+    now[0] = 2.0
+    assert clock.train_batch_end() == (2.0, 1.0)
+    clock.validation_start()  # between batches (val_check_interval)
+    now[0] = 12.0
+    clock.validation_end()
+    now[0] = 13.5
+    assert clock.train_batch_end() == (13.5, 1.5)  # not 11.5: validation is not the batch's
+    clock.validation_start()  # at the epoch's end
+    now[0] = 20.0
+    clock.validation_end()
+    assert clock.train_epoch_end() == 2.5 and clock.validation_s == 16.5
+
+
+def test_batch_timer_and_stage_timing_agree_and_exclude_validation():
+    import time
+
+    from pipeline_helpers import make_trainer, seeded_module, small_dataset
+
+    from lightning_mqgnn.callbacks import BatchTimer, StageTimingCallback
+    from lightning_mqgnn.data import MQGNNDataModule
+    from lightning_mqgnn.sampling.neighbor import NeighborSampler
+
+    pause = 0.5
+
+    ds = small_dataset(800)
+    model = seeded_module(ds)
+    validation_step = model.validation_step
+
+    def slow_validation(*args, **kwargs):
+        time.sleep(pause)
+        return validation_step(*args, **kwargs)
+
+    model.validation_step = slow_validation
+    timer, stages = BatchTimer(trim=0), StageTimingCallback(trim=0)
+    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [3, 3]), batch_size=100)
+    trainer = make_trainer(
+        [timer, stages], max_epochs=2, limit_val_batches=1, val_check_interval=2, num_sanity_val_steps=0
+    )
+    trainer.fit(model, dm)
+    batches = stages.records["batch_s"]
+    assert len(timer.batch_times) == len(batches) == 2 * dm.num_train_batches() >= 8
+    assert max(timer.batch_times) < pause and max(batches) < pause
+    assert max(stages.epoch_times) < 2 * pause  # each epoch validated at least twice
+    assert timer.train_time < sum(timer.batch_times) + pause

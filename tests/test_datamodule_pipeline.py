@@ -9,9 +9,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from pipeline_helpers import small_dataset
 
-from lightning_mqgnn.data import MQGNNDataModule, SequentialLoader
+from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphLoader
 from lightning_mqgnn.pipeline.loader import PipelinedLoader
+from lightning_mqgnn.pipeline.sequential import SequentialLoader
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "loader"
@@ -29,10 +30,10 @@ def ds():
 def test_loader_configs_instantiate_with_the_recipe_call_shape(ds, name, mode, loader_type):
     cfg = OmegaConf.merge(OmegaConf.create({"seed": 5}), {"loader": OmegaConf.load(CONF / f"{name}.yaml")})
     dm = instantiate(cfg.loader)(dataset=ds, sampler=NeighborSampler(ds.graph, [5, 5]))
-    assert isinstance(dm, MQGNNDataModule) and dm.mode == mode and dm.seed == 5
+    assert isinstance(dm, MQGNNDataModule) and dm.mode == mode and dm.source.seed == 5
     assert isinstance(dm.train_dataloader(), loader_type)
     if mode == "pipeline":
-        assert dm.queue_size == "auto" and dm.num_workers is None
+        assert dm.settings.queue_size == "auto" and dm.settings.num_workers is None
 
 
 def test_datamodule_pickles_without_live_workers(ds):

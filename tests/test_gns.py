@@ -11,15 +11,15 @@ import torch
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.pipeline.gather import gather
 from lightning_mqgnn.sampling.exact import edge_weights, full_block
-from lightning_mqgnn.sampling.gns import (
+from lightning_mqgnn.sampling.feature_cache import (
     GNSCache,
-    GNSSampler,
-    HitCounter,
-    cache_hits,
     choose_rule,
     draw_cache,
+    merge_cached_rows,
     random_walk_distribution,
+    resident_rows,
 )
+from lightning_mqgnn.sampling.gns import GNSSampler
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 
@@ -34,8 +34,7 @@ def test_rule_follows_the_training_fraction():
     graph = random_graph(100, 300, 0)
     assert choose_rule(graph, torch.arange(60)) == "degree"  # most nodes train: eq. 14
     assert choose_rule(graph, torch.arange(10)) == "random_walk"  # few train: eq. 15-16
-    with pytest.raises(ValueError, match="unknown rule"):
-        choose_rule(graph, torch.arange(10), "pagerank")
+    assert GNSCache(graph, torch.arange(10)).rule == "random_walk"
 
 
 def test_random_walk_distribution_matches_dense_recursion():
@@ -176,19 +175,20 @@ def test_gather_with_cache_moves_only_uncached_rows_and_counts_hits():
     feats = torch.randn(400, 16)
     labels = torch.randint(0, 3, (400,))
     cache = GNSCache(graph, torch.arange(300), fraction=0.05, seed=4)
-    resident = cache.resident_features(feats)
+    resident = resident_rows(cache, feats)
     sampler = GNSSampler(graph, [5, 5], cache, aggregation="gcn")
-    counter = HitCounter()
+    total_hits = total_rows = 0
     for start in (0, 50, 100):
         batch = gather(sampler.sample(torch.arange(start, start + 50)), feats, labels, cache_slot=cache.slot)
+        rows = batch.input_nodes.numel()
+        hits = int(cache.slot[batch.input_nodes].ge(0).sum())
+        assert batch.meta["cache_hits"] == hits > 0
+        assert batch.cache_slots.numel() == rows and batch.features.shape[0] == rows - hits
         torch.testing.assert_close(batch.input_features(resident), feats[batch.input_nodes])
-        hits, rows = cache_hits(batch)
-        assert rows == batch.input_nodes.numel() and batch.features.shape[0] == rows - hits
-        assert hits > 0
-        counter.add(batch)
-    assert 0.0 < counter.rate < 1.0
-    counter.reset()
-    assert counter.rate == 0.0
+        merge_cached_rows(batch, resident)
+        assert batch.cache_slots is None and torch.equal(batch.features, feats[batch.input_nodes])
+        total_hits, total_rows = total_hits + hits, total_rows + rows
+    assert 0.0 < total_hits / total_rows < 1.0
 
 
 def test_sampler_pickles_with_shared_cache_and_validates_arguments():

@@ -59,5 +59,7 @@ def test_npz_config_instantiates():
 def test_ogb_configs_fail_clearly_without_files(name, tmp_path):
     cfg = _data_cfg(name, ogb_root=str(tmp_path))
     assert cfg._target_ == "lightning_mqgnn.graph.ogb.load_ogb" and cfg.name == f"ogbn-{name}"
-    with pytest.raises(Exception, match="downloads are not possible offline"):
+    assert cfg.download is True  # a user with a network gets the data
+    cfg.download = False
+    with pytest.raises(Exception, match=r"not found under .* downloads are off \(download=false\)"):
         instantiate(cfg)

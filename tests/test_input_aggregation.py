@@ -11,7 +11,8 @@ from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.models import NodeClassifier
 from lightning_mqgnn.pipeline.gather import gather
 from lightning_mqgnn.sampling.fastgcn import FastGCNSampler
-from lightning_mqgnn.sampling.gns import GNSCache, GNSSampler
+from lightning_mqgnn.sampling.feature_cache import GNSCache
+from lightning_mqgnn.sampling.gns import GNSSampler
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 

@@ -8,14 +8,14 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models import NodeClassifier
 from lightning_mqgnn.sampling.fastgcn import FastGCNSampler
-from lightning_mqgnn.sampling.gns import GNSCache, GNSSampler
+from lightning_mqgnn.sampling.feature_cache import GNSCache
+from lightning_mqgnn.sampling.gns import GNSSampler
 from lightning_mqgnn.sampling.ladies import LADIESSampler
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,11 +73,21 @@ def fit_and_validate(ds: GraphDataset, sampler, conv: str, lr: float = 1e-2) -> 
     return float(trainer.validate(module, datamodule=dm, verbose=False)[0]["val/metric"])
 
 
+def model_config(name: str) -> dict:
+    """The composed ``model=<name>`` group (variants derive from fastgcn.yaml/ladies.yaml)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"model={name}"])
+    return OmegaConf.to_container(cfg.model)
+
+
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variant_config_trains_on_cora(cora, name):
     # the config's sampler, with its own sample sizes, drives 20 Adam steps of a GCN: validation
     # accuracy (exact full-graph inference) clears 0.6 where the majority class scores 0.316
-    cfg = yaml.safe_load((REPO / "conf" / "model" / f"{name}.yaml").read_text())
+    cfg = model_config(name)
     cls = {"FastGCNSampler": FastGCNSampler, "LADIESSampler": LADIESSampler}[
         cfg["sampler"]["_target_"].split(".")[-1]
     ]

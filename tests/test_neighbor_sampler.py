@@ -147,3 +147,16 @@ def test_gcn_model_configs_choose_their_normalization(model, normalization):
         )
     sampler = instantiate(cfg.model.sampler)(graph=random_graph())
     assert (cfg.model.name, sampler.aggregation, sampler.normalization) == (model, "gcn", normalization)
+
+
+def test_row_positions_concatenates_the_rows_ranges_with_empty_rows_anywhere():
+    from lightning_mqgnn.sampling.base import row_positions
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n = int(torch.randint(0, 12, (1,), generator=g))
+        starts = torch.randint(0, 50, (n,), generator=g)
+        counts = torch.randint(0, 4, (n,), generator=g)  # zeros included, first and last too
+        want = [torch.arange(int(s), int(s + c)) for s, c in zip(starts, counts)]
+        expect = torch.cat(want) if want else torch.zeros(0, dtype=torch.int64)
+        assert torch.equal(row_positions(starts, counts), expect)

@@ -5,11 +5,11 @@ import pytest
 import torch
 from pipeline_helpers import make_trainer, small_dataset
 
-from lightning_mqgnn.callbacks import GPUBusyMonitor
-from lightning_mqgnn.data import MQGNNDataModule, SequentialLoader
+from lightning_mqgnn.callbacks import GPUBusyMonitor, StageTimingCallback
+from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.models import NodeClassifier
 from lightning_mqgnn.pipeline.queue_size import device_memory
-from lightning_mqgnn.pipeline.stage_timing import StageTimingCallback
+from lightning_mqgnn.pipeline.sequential import SequentialLoader
 from lightning_mqgnn.pipeline.transfer import DeviceMover
 from lightning_mqgnn.pipeline.workers import SamplerWorkerPool
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
@@ -26,7 +26,7 @@ def ds():
 
 def test_side_stream_copy_is_complete_after_hand_over(ds):
     dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128)
-    cpu = next(iter(SequentialLoader(dm)))
+    cpu = next(iter(SequentialLoader(dm.source)))
     mover = DeviceMover("cuda")
     dev, event = mover.to_device(cpu)
     assert event is not None and dev.features.is_cuda and dev.blocks[0].indices.is_cuda
@@ -48,7 +48,7 @@ def test_pipeline_delivers_device_batches_equal_to_the_sequential_ones(ds):
     finally:
         pipe.shutdown_pipeline()
     assert loader.pool is None or not loader.pool.running
-    for a, b in zip(SequentialLoader(seq), got):
+    for a, b in zip(SequentialLoader(seq.source), got):
         assert b.features.is_cuda
         assert torch.equal(a.features, b.features.cpu()) and torch.equal(a.input_nodes, b.input_nodes.cpu())
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 from pipeline_helpers import SlowSampler, live_children, make_trainer, seeded_module, small_dataset
 
-from lightning_mqgnn.data import MQGNNDataModule, SequentialLoader
+from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.pipeline.produce import produce_batch
+from lightning_mqgnn.pipeline.sequential import SequentialLoader
 from lightning_mqgnn.pipeline.workers import SamplerWorkerPool
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
@@ -33,7 +34,7 @@ def test_pipeline_yields_the_sequential_batches_in_order(ds):
     pipe = MQGNNDataModule(
         ds, JitterSampler(ds.graph, [5, 5], 0.0), batch_size=128, seed=3, mode="pipeline", num_workers=2
     )
-    expected = list(SequentialLoader(seq))
+    expected = list(SequentialLoader(seq.source))
     loader = pipe.train_dataloader()
     try:
         got = list(loader)
@@ -78,7 +79,7 @@ def test_reused_slots_never_overwrite_a_batch_still_held(ds):
         in_slots = arena.max_slots - arena.num_free
         streamed = sum(int(b.features.sum() != 0) for b in loader)  # dropped as soon as read
         free_while_holding = arena.num_free
-        expected = list(SequentialLoader(seq))
+        expected = list(SequentialLoader(seq.source))
         for a, b in zip(expected, held, strict=True):
             assert torch.equal(a.features, b.features) and torch.equal(a.input_nodes, b.input_nodes)
             assert torch.equal(a.blocks[0].indices, b.blocks[0].indices)
@@ -189,7 +190,7 @@ def test_feature_cache_is_refreshed_each_epoch_and_merged_before_the_model(ds, m
     trainer.fit(seeded_module(ds), dm)
     assert cache.refreshed == [0, 1]
     if mode == "pipeline":  # a cache is redrawn while the workers idle: no head start across epochs
-        assert dm.pipeline_loader.head_starts_used == 0
+        assert not any(meta.get("head_start") for *_, meta in cap.rows)
     for epoch, nodes, feats, slots, meta in cap.rows:
         assert slots is None  # the model never sees the cache
         assert torch.equal(feats, ds.features[nodes])
@@ -200,7 +201,8 @@ def test_feature_cache_is_refreshed_each_epoch_and_merged_before_the_model(ds, m
 
 
 def test_gns_cache_and_sampler_train_identically_in_both_modes(ds):
-    from lightning_mqgnn.sampling.gns import GNSCache, GNSSampler
+    from lightning_mqgnn.sampling.feature_cache import GNSCache
+    from lightning_mqgnn.sampling.gns import GNSSampler
 
     out = {}
     for mode in ("sequential", "pipeline"):

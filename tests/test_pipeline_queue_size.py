@@ -27,7 +27,7 @@ def test_eq25_cap_subtracts_peak_with_margin():
 
 
 def test_adaptive_q_waits_for_warmup_then_estimates_and_tracks_drift():
-    sizer = AdaptiveQueueSize("cpu", warmup=2, window=4, drift=0.25)
+    sizer = AdaptiveQueueSize(warmup=2, window=4)
     for _ in range(2):  # warm-up observations are dropped: a slow first batch must not count
         sizer.observe_prep(10.0)
         sizer.observe_compute(0.001)

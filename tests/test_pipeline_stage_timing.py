@@ -6,8 +6,8 @@ import csv
 from lightning.pytorch.loggers import CSVLogger
 from pipeline_helpers import make_trainer, seeded_module, small_dataset
 
+from lightning_mqgnn.callbacks import StageTimingCallback
 from lightning_mqgnn.data import MQGNNDataModule
-from lightning_mqgnn.pipeline.stage_timing import StageTimingCallback
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 

@@ -89,18 +89,20 @@ def _draw_edge_keys(
     return _sorted_unique(torch.cat([b * n + a, a * n + b]))
 
 
+TOP_UP_ROUNDS = 3  # redraws of the degree shortfall that merged duplicate edges leave
+
+
 def homophilous_chung_lu(
     weights: Tensor,
     classes: Tensor,
     num_classes: int,
     homophily: float,
     generator: torch.Generator,
-    top_up_rounds: int = 3,
 ) -> CSRGraph:
     """Symmetric simple graph with expected degrees ``weights`` and intra-class edge fraction ``homophily``.
 
     Merged duplicates lower the degree a little; the shortfall is drawn again (rates scaled
-    down) for up to ``top_up_rounds`` rounds, so the mean degree ends within ~1% of
+    down) for up to ``TOP_UP_ROUNDS`` rounds, so the mean degree ends within ~1% of
     ``weights.mean()`` unless the graph is too dense to hold it.
     """
     if not 0.0 <= homophily <= 1.0:
@@ -108,7 +110,7 @@ def homophilous_chung_lu(
     n = classes.numel()
     target = float(weights.sum())  # directed entries = 2 x undirected edges
     keys = _draw_edge_keys(weights, classes, num_classes, homophily, generator)
-    for _ in range(top_up_rounds):
+    for _ in range(TOP_UP_ROUNDS):
         missing = target - keys.numel()
         if missing <= 0.01 * target:
             break

@@ -29,21 +29,22 @@ class FullGraphBatch:
 class FullGraphInference:
     """Full blocks of one graph, built once and reused at every validation.
 
-    Destinations are split into chunks of at most ``max_edges`` edges so memory stays bounded on
+    Destinations are split into chunks of at most ``MAX_EDGES`` edges so memory stays bounded on
     graphs with hundreds of millions of edges.
     """
 
-    def __init__(self, dataset: GraphDataset, aggregation: str, max_edges: int = 50_000_000):
+    MAX_EDGES = 50_000_000
+
+    def __init__(self, dataset: GraphDataset, aggregation: str):
         self.dataset = dataset
         self.aggregation = aggregation
-        self.max_edges = max_edges
         self._weights = edge_weights(dataset.graph, aggregation)
         self._all_chunks: list[tuple[Tensor, Block]] | None = None
 
     def _chunks(self, dst: Tensor) -> list[tuple[Tensor, Block]]:
         graph = self.dataset.graph
         deg = (graph.indptr[dst + 1] - graph.indptr[dst] + 1).cumsum(0)
-        chunk_id = torch.div(deg - 1, self.max_edges, rounding_mode="floor")
+        chunk_id = torch.div(deg - 1, self.MAX_EDGES, rounding_mode="floor")
         out = []
         for c in torch.unique(chunk_id).tolist():
             part = dst[chunk_id == c]

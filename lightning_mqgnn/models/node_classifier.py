@@ -7,6 +7,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from lightning_mqgnn.models.dropout import ReLUDropout
 from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference
@@ -50,6 +51,7 @@ class NodeClassifier(pl.LightningModule):
         self.test_metric = make_metric(metric, num_classes, multilabel)
         self._inference: FullGraphInference | None = None
 
+    @override
     def forward(self, blocks: list[Block], x: Tensor, aggregated: bool = False) -> Tensor:
         """Logits of the last block's destinations; ``aggregated``: ``x`` is the first block's
         aggregation of the inputs (``MiniBatch.aggregated``), not their feature rows."""
@@ -60,6 +62,7 @@ class NodeClassifier(pl.LightningModule):
                 h = self.relu_dropout(h)
         return h
 
+    @override
     def training_step(self, batch: MiniBatch, batch_idx: int) -> Tensor:
         if len(batch.blocks) != len(self.layers):
             raise ValueError(
@@ -78,13 +81,15 @@ class NodeClassifier(pl.LightningModule):
         """Whether this step reaches the logger: ``self.log`` costs Python time on every call (and
         a host sync on CUDA when the progress bar reads it), so the loss is logged once per
         ``Trainer(log_every_n_steps)``, on the steps the logger writes (the trainer counts the
-        step in progress, hence the + 1)."""
+        step in progress, hence the + 1), and on the first step, so the progress bar and
+        ``trainer.callback_metrics`` have a loss from the start."""
         try:
             trainer = self.trainer
         except RuntimeError:  # not attached: a plain PyTorch loop
             return False
         every = trainer.log_every_n_steps
-        return every > 0 and (trainer.global_step + 1) % every == 0
+        step = trainer.global_step
+        return every > 0 and (step == 0 or (step + 1) % every == 0)
 
     def _full_graph_logits(self, batch: FullGraphBatch) -> Tensor:
         if self._inference is None or self._inference.dataset is not batch.dataset:
@@ -97,21 +102,25 @@ class NodeClassifier(pl.LightningModule):
         metric.update(metric_input(logits, self.hparams.metric, self.hparams.multilabel), labels.long())
         self.log(name, metric, prog_bar=True, batch_size=batch.nodes.numel())
 
+    @override
     def validation_step(self, batch: FullGraphBatch, batch_idx: int) -> None:
         self._score(batch, self.val_metric, "val/metric")
 
+    @override
     def test_step(self, batch: FullGraphBatch, batch_idx: int) -> None:
         self._score(batch, self.test_metric, "test/metric")
 
+    @override
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         if isinstance(batch, FullGraphBatch):
             return batch  # inference moves what it needs, one layer at a time
         if isinstance(batch, MiniBatch):
-            # directly: Lightning's generic walk over the dataclass fields cost ~2 ms per step
+            # directly: Lightning's generic walk over the dataclass fields costs time every step
             on_device = batch.input_nodes is not None and batch.input_nodes.device == device
             return batch if on_device else batch.to(device)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
+    @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """Adam, fused (one kernel over every parameter instead of a loop of small ones per tensor)
         where torch has it for the parameters' device."""

@@ -11,20 +11,14 @@ from torch import Tensor
 from lightning_mqgnn.pipeline.packing import Deferred, RowGather
 from lightning_mqgnn.sampling.aggregate import row_sum
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
+from lightning_mqgnn.sampling.feature_cache import lookup
 
 
 def feature_rows(batch: MiniBatch, cache_slot: Tensor | None = None) -> Tensor:
-    """Node ids whose feature rows must come from host memory.
-
-    With a device feature cache (``cache_slot[v]`` = cache row of node v, or -1) only the
-    uncached input nodes; ``batch.cache_slots`` then tells the device stage where the rest live.
-    """
-    if cache_slot is None:
-        return batch.input_nodes
-    slots = cache_slot.index_select(0, batch.input_nodes)
-    batch.cache_slots = slots
-    batch.meta["cache_hits"] = int((slots >= 0).sum())  # for the per-epoch hit rate
-    return batch.input_nodes[slots < 0]
+    """Node ids whose feature rows must come from host memory: all input nodes, or with a device
+    feature cache (``cache_slot[v]`` = cache row of node v, or -1) only the uncached ones
+    (``feature_cache.lookup``)."""
+    return batch.input_nodes if cache_slot is None else lookup(batch, cache_slot)
 
 
 @dataclass

@@ -1,7 +1,19 @@
 """The pipelined training loader: workers → CPU queue → transfer thread → device queue → training.
 
-Lifecycle (chosen: persistent workers per fit). The worker pool starts at the DataModule's
-``setup("fit")`` (``prime``: with the first epoch's first tasks) or else at the first epoch's
+The loader stands alone: it makes the batches of a ``BatchSource`` with ``PipelineSettings``,
+and learns each epoch's number, ranks, device and whether another epoch follows from an
+``EpochPlan`` (a fixed one, advanced with ``set_epoch``, or a function that returns the current
+one: ``MQGNNDataModule`` reads it from the Trainer). Without Lightning::
+
+    loader = PipelinedLoader(BatchSource(dataset, sampler, batch_size=512), PipelineSettings())
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            ...
+    loader.shutdown()
+
+Lifecycle (chosen: persistent workers per fit). The worker pool starts at ``prime()`` (the
+DataModule's ``setup("fit")``: with the first epoch's first tasks) or else at the first epoch's
 ``iter()``, and lives until ``shutdown()`` (DataModule ``teardown``/``on_exception``, or garbage
 collection). Each epoch runs its own transfer thread; an epoch abandoned early
 (``limit_train_batches``, early stopping) is stopped at the next ``iter()`` or at shutdown, and
@@ -21,38 +33,26 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from lightning_mqgnn.pipeline.device_queue import DeviceQueue
+from lightning_mqgnn.pipeline.plan import EpochPlan, Planned
 from lightning_mqgnn.pipeline.produce import sample_batch
 from lightning_mqgnn.pipeline.producer_choice import ProducerChoice
 from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize, QueueSizeEstimate
-from lightning_mqgnn.pipeline.schedule import batch_rng_seed
+from lightning_mqgnn.pipeline.settings import PipelineSettings
+from lightning_mqgnn.pipeline.source import BatchSource
 from lightning_mqgnn.pipeline.transfer import DeviceMover, batch_nbytes
 from lightning_mqgnn.pipeline.workers import SamplerWorkerPool, WorkerError, limit_training_threads
 from lightning_mqgnn.sampling.batch import MiniBatch
-
-if TYPE_CHECKING:
-    from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.sampling.feature_cache import resident_rows
 
 _POLL_S = 0.1
 SLOTS_FOR_AUTO_Q = 8  # adaptive Q beyond this uses fresh segments for the surplus batches
-
-
-@runtime_checkable
-class FeatureCache(Protocol):
-    """A device feature cache (GNS, eq. 14-16): ``nodes`` are the cached ids, ``slot[v]`` the cache
-    row of node v or -1; ``refresh_(epoch)`` redraws both in place (shared memory)."""
-
-    nodes: Tensor
-    slot: Tensor
-
-    def refresh_(self, epoch: int) -> None: ...
 
 
 @dataclass
@@ -66,38 +66,37 @@ class _HeadStart:
     results: dict[int, MiniBatch] = field(default_factory=dict)
 
 
-class PipelinedLoader:
-    """Training batches of ``datamodule`` through the multi-queue pipeline, with its settings.
+class PipelinedLoader(Planned):
+    """The training batches of ``source`` through the multi-queue pipeline run by ``settings``.
 
-    ``datamodule.queue_size``: an int for a fixed device queue, or ``"auto"`` for eq. 24-25.
-    ``datamodule.cpu_queue_size``: batches produced ahead of the transfer (in workers, in the
-    result queue and in the reorder buffer together); default ``2 * num_workers``.
+    ``plan``: the coming epoch's ``EpochPlan``, or a function returning it (asked at every epoch
+    start and when a head start for the next epoch is considered).
     """
 
     def __init__(
-        self, datamodule: MQGNNDataModule, num_workers: int, device: torch.device | str | None = None
+        self,
+        source: BatchSource,
+        settings: PipelineSettings | None = None,
+        plan: EpochPlan | Callable[[], EpochPlan] | None = None,
     ):
-        # every other setting is the DataModule's, already checked there
-        dm = self.dm = datamodule
-        self.num_workers = num_workers
-        self.fixed_q = None if dm.queue_size == "auto" else int(dm.queue_size)
-        self.cpu_capacity = max(1, dm.cpu_queue_size if dm.cpu_queue_size is not None else 2 * num_workers)
-        self.start_method = dm.start_method
-        self.worker_threads = dm.worker_threads
-        self._device = device
-        self.producer_choice = ProducerChoice(dm.producer)
+        super().__init__(plan)
+        self.source = source
+        self.settings = settings = settings if settings is not None else PipelineSettings()
+        self.num_workers = settings.workers(self.plan().ranks_on_node)
+        self.fixed_q = settings.fixed_queue_size
+        self.cpu_capacity = settings.cpu_capacity(self.num_workers)
+        self.producer_choice = ProducerChoice(settings.producer)
         self.sizer = AdaptiveQueueSize(
-            device="cpu", warmup=dm.warmup_batches, window=dm.window_batches, margin=dm.memory_margin
+            warmup=settings.warmup_batches, window=settings.window_batches, margin=settings.memory_margin
         )
         self.pool: SamplerWorkerPool | None = None
         self.mover: DeviceMover | None = None
         self.generation = 0
-        self.head_starts_used = 0  # epochs that opened on a head start (see the module docstring)
         self._head: _HeadStart | None = None
         self._run: _EpochRun | None = None
 
     def __len__(self) -> int:
-        return self.dm.num_train_batches()
+        return self.source.num_batches(self.plan().world_size)
 
     @property
     def queue_size(self) -> int:
@@ -107,51 +106,50 @@ class PipelinedLoader:
     def queue_size_history(self) -> list[QueueSizeEstimate]:
         return self.sizer.history
 
-    def device(self) -> torch.device:
-        if self._device is not None:
-            return torch.device(self._device)
-        trainer = self.dm.trainer
-        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
-
     def _ensure_mover(self) -> DeviceMover:
         if self.mover is None:
-            self.mover = DeviceMover(self.device())
+            self.mover = DeviceMover(self.plan().device)
             self.sizer.device = self.mover.device
         return self.mover
 
     def _ensure_started(self) -> SamplerWorkerPool:
         self._ensure_mover()
         if self.pool is None or not self.pool.running:
-            ds = self.dm.dataset
-            cache = self.dm.feature_cache
+            source, settings = self.source, self.settings
             self.pool = SamplerWorkerPool(
-                self.dm.sampler,
-                ds.features,
-                ds.labels,
+                source.sampler,
+                source.dataset.features,
+                source.dataset.labels,
                 self.num_workers,
-                cache_slot=cache.slot if cache is not None else None,
-                start_method=self.start_method,
-                worker_threads=self.worker_threads,
+                cache_slot=source.cache_slot,
+                start_method=settings.start_method,
+                worker_threads=settings.worker_threads,
                 # batches alive at once: CPU queue, device queue, and a few held by the trainer
                 max_slots=self.cpu_capacity + (self.fixed_q or SLOTS_FOR_AUTO_Q) + 4,
                 pin_slots=self.mover.cuda,  # the CPU queue in page-locked memory
-                input_aggregation=self.dm.input_aggregation(),
+                input_aggregation=source.input_aggregation,
             )
             if self.pool.start_method != "fork":
-                ds.share_memory_()  # once: spawned workers then map the graph instead of unpickling copies
-            if cache is None:  # (with a cache, the rows to gather depend on the draw of each epoch)
+                # once: spawned workers then map the graph instead of unpickling copies
+                source.dataset.share_memory_()
+            if (
+                source.feature_cache is None
+            ):  # (with a cache, the rows to gather depend on the draw of each epoch)
                 self._size_slots()
             self.pool.start()
         return self.pool
 
+    def _seeds(self, plan: EpochPlan, epoch: int) -> list[Tensor]:
+        return self.source.epoch_seeds(epoch, plan.rank, plan.world_size)
+
     def _size_slots(self) -> None:
         """Sample the coming epoch's first batch here, once, so the first tasks already get slots."""
-        epoch = self.dm.current_epoch()
-        seeds = self.dm.epoch_seeds(epoch)
+        plan = self.plan()
+        seeds = self._seeds(plan, plan.epoch)
         if not seeds:
             return
         with torch.random.fork_rng(devices=[]):  # the model's random stream stays untouched
-            probe = sample_batch(self.dm.sampler, seeds[0], batch_rng_seed(self.dm.seed, epoch, 0), 0)
+            probe = sample_batch(self.source.sampler, seeds[0], self.source.rng_seed(plan.epoch, 0), 0)
         self.pool.size_slots(probe)
 
     def __iter__(self) -> Iterator[MiniBatch]:
@@ -171,7 +169,8 @@ class PipelinedLoader:
         first epoch's first batches are made while Lightning sets up and runs its sanity check.
         Called from the training thread before any epoch runs: it submits the tasks itself."""
         self._ensure_started()
-        head = self._open_head_start(self.dm.current_epoch())
+        plan = self.plan()
+        head = self._open_head_start(plan, plan.epoch)
         if head is not None:
             self._submit_head(head)
 
@@ -180,19 +179,19 @@ class PipelinedLoader:
         running epoch not yet handed on. A head start never exceeds the CPU queue's capacity."""
         last = min(len(head.batches), self.cpu_capacity)
         while head.submitted < last and self.pool.in_flight + held + len(head.results) < self.cpu_capacity:
-            rng = batch_rng_seed(self.dm.seed, head.epoch, head.submitted)
+            rng = self.source.rng_seed(head.epoch, head.submitted)
             self.pool.submit(head.generation, head.submitted, head.batches[head.submitted], rng)
             head.submitted += 1
 
-    def _begin_epoch(self) -> tuple[int, list[Tensor], _HeadStart | None, str]:
-        epoch = self.dm.current_epoch()
+    def _begin_epoch(self) -> tuple[EpochPlan, list[Tensor], _HeadStart | None, str]:
+        plan = self.plan()
+        epoch = plan.epoch
         producer = self.producer_choice.producer()
         head, self._head = self._head, None
         if producer == "workers":
             self._ensure_started()
             if head is not None and head.epoch == epoch:
-                self.head_starts_used += 1
-                return epoch, head.batches, head, producer
+                return plan, head.batches, head, producer
         else:
             self._ensure_mover()
             if self.producer_choice.chosen == "trainer" and self.pool is not None:
@@ -200,23 +199,19 @@ class PipelinedLoader:
                 self.pool = None
         if self.pool is not None:
             self.pool.drain()  # workers idle: safe to refresh the shared cache slots
-        cache = self.dm.feature_cache
+        cache = self.source.feature_cache
         if cache is not None:
             cache.refresh_(epoch)
-            self.mover.set_cache(self.dm.dataset.features.index_select(0, cache.nodes).to(self.mover.device))
-        return epoch, self.dm.epoch_seeds(epoch), None, producer
+            self.mover.set_cache(resident_rows(cache, self.source.dataset.features, self.mover.device))
+        return plan, self._seeds(plan, epoch), None, producer
 
-    def _open_head_start(self, epoch: int) -> _HeadStart | None:
+    def _open_head_start(self, plan: EpochPlan, epoch: int) -> _HeadStart | None:
         """A head start for ``epoch`` if one is worth it (by the ending epoch's thread, or ``prime``)."""
-        trainer = self.dm.trainer
-        if self.dm.feature_cache is not None or trainer is None or trainer.should_stop:
+        if self.source.feature_cache is not None or not plan.will_run(epoch):
             return None
         if self.producer_choice.producer() != "workers":
             return None
-        max_epochs = trainer.max_epochs
-        if max_epochs is not None and 0 <= max_epochs <= epoch:
-            return None
-        self._head = _HeadStart(epoch, self._next_generation(), self.dm.epoch_seeds(epoch))
+        self._head = _HeadStart(epoch, self._next_generation(), self._seeds(plan, epoch))
         return self._head
 
     def close_epoch(self) -> None:
@@ -248,6 +243,7 @@ class _EpochRun:
         self.loader = loader
         self.generation = generation
         self.epoch = -1
+        self.ranks_on_node = 1
         self.batches: list[Tensor] = []
         self.queue = DeviceQueue(loader.queue_size)
         self.stop_event = threading.Event()
@@ -260,7 +256,8 @@ class _EpochRun:
         self._next_index = 0  # the next batch the training thread makes itself
 
     def _start(self) -> None:
-        self.epoch, self.batches, self._opened_by, self.producer = self.loader._begin_epoch()
+        plan, self.batches, self._opened_by, self.producer = self.loader._begin_epoch()
+        self.epoch, self.ranks_on_node = plan.epoch, plan.ranks_on_node
         if self.producer == "trainer":
             return  # the training thread makes every batch, on every core: no transfer thread
         if self._opened_by is not None:
@@ -269,14 +266,14 @@ class _EpochRun:
         # the epoch get every thread back
         self._threads_before = torch.get_num_threads()
         loader = self.loader
-        limit_training_threads(loader.dm.ranks_on_node(), loader.num_workers, loader.worker_threads)
+        limit_training_threads(self.ranks_on_node, loader.num_workers, loader.settings.worker_threads)
         self._thread = threading.Thread(target=self._produce, name="mqgnn-transfer", daemon=True)
         self._thread.start()
 
     # ----- producer: the transfer thread
     def _produce(self) -> None:
         loader, pool, mover = self.loader, self.loader.pool, self.loader.mover
-        seed = loader.dm.seed
+        source = loader.source
         n = len(self.batches)
         opened_by = self._opened_by
         # reorder buffer: results arrive in completion order (a head start's are already in)
@@ -289,7 +286,7 @@ class _EpochRun:
         def top_up_head() -> None:
             nonlocal head, head_asked
             if not head_asked:
-                head, head_asked = loader._open_head_start(self.epoch + 1), True
+                head, head_asked = loader._open_head_start(loader.plan(), self.epoch + 1), True
             if head is not None:
                 loader._submit_head(head, held=len(pending))
 
@@ -298,7 +295,7 @@ class _EpochRun:
                 if self.stop_event.is_set():
                     return
                 while submitted < n and pool.in_flight + len(pending) < loader.cpu_capacity:
-                    rng = batch_rng_seed(seed, self.epoch, submitted)
+                    rng = source.rng_seed(self.epoch, submitted)
                     pool.submit(self.generation, submitted, self.batches[submitted], rng)
                     submitted += 1
                 if submitted == n:
@@ -387,6 +384,7 @@ class _EpochRun:
             queue_size=self.queue.capacity,
             epoch=self.epoch,
             producer="workers",
+            head_start=self._opened_by is not None,  # the epoch opened on a head start
         )
         if compute_s is not None:
             batch.meta["prev_compute_s"] = compute_s
@@ -405,7 +403,7 @@ class _EpochRun:
             raise StopIteration
         loader = self.loader
         start = time.perf_counter()
-        batch = loader.dm.produce_here(self.epoch, index, self.batches[index])
+        batch = loader.source.produce_here(self.epoch, index, self.batches[index])
         batch = loader.mover.hand_over(*loader.mover.to_device(batch))
         batch.meta.update(wait_s=time.perf_counter() - start, epoch=self.epoch, producer="trainer")
         self._next_index += 1

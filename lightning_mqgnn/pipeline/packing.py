@@ -5,9 +5,9 @@ one file descriptor per tensor over a socket; a mini-batch has about a dozen ten
 costs more than sampling a small batch. Packing them into a single byte buffer makes it one
 segment; the receiver rebuilds zero-copy views into it.
 
-A fresh segment per batch still costs a page fault per 4 KiB on both sides (a 12 MB batch: ~6
-ms to create, ~7 ms to fill on a 2-core VM, against ~4.5 ms to gather into memory already
-mapped). So the training process lends workers reusable, pre-faulted *slots* (``SlotArena``):
+A fresh segment per batch still costs a page fault per 4 KiB on both sides, more than
+gathering the batch into memory already mapped. So the training process lends workers
+reusable, pre-faulted *slots* (``SlotArena``):
 a worker gathers feature rows straight into its slot, only the slot number comes back, and the
 slot is lent again once no tensor viewing it is alive. A batch too big for its slot falls back
 to a fresh segment, and later slots grow.

@@ -70,26 +70,21 @@ class AdaptiveQueueSize:
     ``observe_prep`` is called by the transfer thread (sample + gather + transfer of a batch),
     ``observe_compute`` by the training thread (time between two batch requests). The first
     ``warmup`` observations of each are dropped (start-up costs), the next ``window`` give the
-    first estimate, and later windows re-estimate when a mean moves by more than ``drift``.
+    first estimate, and later windows re-estimate when a mean moves by more than ``DRIFT`` of
+    itself. Until the first estimate Q is eq. 24's floor, 2. ``device``: where the queue's batches
+    live (its memory bounds Q, eq. 25); the loader sets it once it knows.
     """
 
-    def __init__(
-        self,
-        device: torch.device | str = "cpu",
-        warmup: int = 5,
-        window: int = 20,
-        drift: float = 0.25,
-        margin: float = 0.1,
-        initial: int = 2,
-    ):
+    DRIFT = 0.25
+
+    def __init__(self, warmup: int = 5, window: int = 20, margin: float = 0.1):
         if warmup < 0 or window < 1:
             raise ValueError(f"warmup must be >= 0 and window >= 1, got {warmup}, {window}")
-        self.device = torch.device(device)
+        self.device = torch.device("cpu")
         self.warmup = warmup
         self.window = window
-        self.drift = drift
         self.margin = margin
-        self.q = initial
+        self.q = 2
         self.history: list[QueueSizeEstimate] = []
         self._prep: deque = deque(maxlen=window)
         self._compute: deque = deque(maxlen=window)
@@ -120,9 +115,9 @@ class AdaptiveQueueSize:
             compute_mean = sum(self._compute) / len(self._compute)
         if self._basis is not None:
             old_prep, old_compute = self._basis
-            moved = abs(prep_mean - old_prep) > self.drift * old_prep or abs(
+            moved = abs(prep_mean - old_prep) > self.DRIFT * old_prep or abs(
                 compute_mean - old_compute
-            ) > self.drift * max(old_compute, 1e-9)
+            ) > self.DRIFT * max(old_compute, 1e-9)
             if not moved:
                 return None
         self._basis = (prep_mean, compute_mean)

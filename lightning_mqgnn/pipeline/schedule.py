@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lightning_mqgnn.sampling.rng import epoch_seed
+
 
 def epoch_batches(
     train_idx: Tensor,
@@ -28,7 +30,7 @@ def epoch_batches(
     if n == 0:
         raise ValueError("the training split is empty")
     if shuffle:
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        gen = torch.Generator().manual_seed(epoch_seed(seed, epoch))
         order = train_idx[torch.randperm(n, generator=gen)]
     else:
         order = train_idx
@@ -49,12 +51,3 @@ def num_batches(n_train: int, batch_size: int, world_size: int = 1, drop_last: b
     per_rank = n_train // world_size if drop_last else -(-n_train // world_size)
     full, rest = divmod(per_rank, batch_size)
     return full + (1 if rest and (not drop_last or full == 0) else 0)
-
-
-def batch_rng_seed(seed: int, epoch: int, index: int) -> int:
-    """The sampler RNG seed of batch ``index`` of ``epoch``.
-
-    Sampling is seeded per batch, not per process, so a batch is the same whichever process or
-    worker draws it: the sequential loop and the pipeline train on identical batches.
-    """
-    return (int(seed) * 1_000_003 + int(epoch)) * 1_000_033 + int(index)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.sampling.batch import MiniBatch
+from lightning_mqgnn.sampling.feature_cache import merge_cached_rows
 
 
 def batch_nbytes(batch: MiniBatch) -> int:
@@ -73,21 +74,15 @@ class DeviceMover:
         """Start the copy; returns the device batch and the event that marks its completion."""
         if not self.cuda:
             out = batch.to(self.device)
-            self._merge_cache(out)
+            merge_cached_rows(out, self.cache)
             return out, None
         pinned = batch.pin_memory()  # pinning here, in the parent: pinned pages don't cross processes
         with torch.cuda.stream(self.stream):
             out = pinned.to(self.device, non_blocking=True)
-            self._merge_cache(out)
+            merge_cached_rows(out, self.cache)
             event = torch.cuda.Event()
             event.record(self.stream)
         return out, event
-
-    def _merge_cache(self, batch: MiniBatch) -> None:
-        if batch.cache_slots is None:
-            return
-        batch.features = batch.input_features(self.cache)
-        batch.cache_slots = None  # the model sees full feature rows and never knows about the cache
 
     def hand_over(self, batch: MiniBatch, event: torch.cuda.Event | None) -> MiniBatch:
         """Consumer side: order the current stream after the copy and pin the memory to it."""

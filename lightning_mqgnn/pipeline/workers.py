@@ -5,8 +5,8 @@ lent by the trainer) and writes a sampled, gathered mini-batch into that slot (`
 Every worker has its own task queue, so the trainer knows which slots a worker already holds and
 sends each slot's tensor to a worker only once (and again after the slot is reallocated): a
 tensor in a queue travels as a file descriptor fetched from the trainer's resource-sharer thread
-over a socket, a round trip that waits for the trainer's GIL. Sent with every task, it left the
-worker idle 2-5 ms per batch on a 2-core VM, against ~0.4 ms by number. The graph and
+over a socket, a round trip that waits for the trainer's GIL. Sent with every task, it leaves
+the worker idle several times longer than a slot named by number does. The graph and
 the feature matrix are never copied per worker: a forked worker maps the parent's pages, a
 spawned one receives shared-memory handles (``GraphDataset.share_memory_()``).
 
@@ -14,9 +14,9 @@ Start method (``choose_start_method``): ``fork`` on Linux for single-threaded wo
 default: no re-import, the sampler object is inherited as is, and the workers are up in
 milliseconds. Workers only sample and gather on the CPU, so a CUDA context initialised in the
 parent is never touched by them (torch's DataLoader forks the same way; a worker that did call
-CUDA would fail with "Cannot re-initialize CUDA in forked subprocess", not hang); on an H200
-machine, 15 *spawned* workers took ~14 s to start against the epoch's 2 s. Multi-threaded workers
-use ``forkserver`` (OpenMP after fork can deadlock); other systems ``spawn``.
+CUDA would fail with "Cannot re-initialize CUDA in forked subprocess", not hang), whereas
+*spawned* workers re-import torch and can take longer to start than an epoch lasts.
+Multi-threaded workers use ``forkserver`` (OpenMP after fork can deadlock); other systems ``spawn``.
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def default_num_workers(ranks_on_node: int = 1) -> int:
 def limit_training_threads(ranks_on_node: int, num_workers: int, worker_threads: int) -> int:
     """Lower the training process's intra-op threads to the cores the workers leave free.
 
-    Oversubscribed OpenMP threads spin-wait for each other: on 2 cores shared with one sampler
-    worker, small kernels ran up to 10x slower with 2 training threads than with 1.
+    Oversubscribed OpenMP threads spin-wait for each other: with a core shared between a sampler
+    worker and a second training thread, small kernels run several times slower than with one.
     """
     free = max(1, cores_per_rank(ranks_on_node) - num_workers * worker_threads)
     if torch.get_num_threads() > free:
@@ -144,7 +144,7 @@ def _worker_main(
     torch.set_num_threads(num_threads)
     # Every lent slot stays referenced here: torch then finds its mapping in the shared-storage
     # cache when the slot comes back with a later task, instead of mapping (and page-faulting)
-    # it again. Measured: gather+pack 18 ms per batch without, vs ~6 ms in the trainer itself.
+    # it again, which would cost more than the gather itself.
     lent: dict[int, Tensor] = {}
     while True:
         try:
@@ -271,7 +271,7 @@ class SamplerWorkerPool:
     def size_slots(self, probe: MiniBatch) -> None:
         """Size the slots from ``probe``, a batch sampled here, before any result came back:
         else the first tasks (up to the CPU queue's capacity, 2K by default) each go out in a fresh
-        segment: ~25 ms a batch measured, its unmapping (~5 ms) on the training thread."""
+        segment, created and page-faulted per batch and unmapped on the training thread."""
         if self.arena.slot_bytes == 0:
             self.arena.observe(
                 packed_nbytes(

@@ -12,10 +12,18 @@ from lightning_mqgnn.sampling.batch import MiniBatch
 
 def row_positions(starts: Tensor, counts: Tensor) -> Tensor:
     """``cat([arange(s, s + c) for s, c in zip(starts, counts)])``: the CSR positions of whole
-    rows. One repeat: each segment is its output positions shifted by ``start - output start``."""
+    rows (empty rows allowed). One cumulative sum: steps are 1 except where a row begins, where
+    the step jumps from the previous row's last position to the row's start."""
+    if not bool((counts > 0).all()):
+        keep = counts > 0
+        starts, counts = starts[keep], counts[keep]
     total = int(counts.sum())
-    shift = starts - (torch.cumsum(counts, 0) - counts)
-    return torch.arange(total) + torch.repeat_interleave(shift, counts, output_size=total)
+    if total == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    step = torch.ones(total, dtype=torch.int64)
+    last_before = torch.cat([starts.new_zeros(1), (starts + counts)[:-1] - 1])  # before the first: 0
+    step[torch.cumsum(counts, 0) - counts] = starts - last_before
+    return step.cumsum_(0)
 
 
 @runtime_checkable
@@ -54,7 +62,7 @@ class Relabeler:
         ``prefix`` must hold distinct ids."""
         if self._slot is None:
             self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64)
-        slot = self._slot  # index_select/index_fill_ below: 1-D fancy indexing is ~6x slower
+        slot = self._slot  # index_select/index_fill_ below: 1-D fancy indexing is much slower
         slot.index_copy_(0, prefix, torch.arange(prefix.numel()))
         new = torch.unique(others[slot.index_select(0, others) < 0])
         slot.index_copy_(0, new, torch.arange(prefix.numel(), prefix.numel() + new.numel()))

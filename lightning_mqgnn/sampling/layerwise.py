@@ -6,7 +6,11 @@ sampling, ``s = min(nnz(p), samples)``), emit the block ``L[prev, S] · diag(col
 set ``prev = S``. ``colweight`` is ``1/(s p)`` (eq. 8) or, with ``debias``, the weights of eq. 13.
 No row normalisation and no added batch nodes (Chen et al.); all-zero rows are allowed.
 
-Subclasses only say where the probabilities come from (``layer_distribution``).
+Subclasses implement two hooks: ``draw_layer``, one layer's draws (``sample`` calls it), and
+``layer_distribution``, the exact law those draws follow (eq. 7-8; ``distribution`` exposes it
+for checks). They are separate because a sampler may draw from the law without ever building it:
+FastGCN's is global and precomputed, LADIES draws entries of ``L[prev, :]`` whose columns follow
+eq. 7 and sums probabilities only for the columns drawn.
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.huge_pages import advise_huge_pages
+from lightning_mqgnn.sampling.base import row_positions
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.debias import debias_weights
 from lightning_mqgnn.sampling.exact import edge_weights
-from lightning_mqgnn.sampling.successive import successive_sample
 
 
 @dataclass
@@ -77,9 +81,14 @@ class LayerwiseSampler:
         return self._scratch
 
     def layer_distribution(self, prev: Tensor, cols: Tensor, values: Tensor) -> LayerDistribution:
-        """The distribution of the layer below ``prev``, from the entries of ``L[prev, :]`` (their
-        columns and values, in any order)."""
-        raise NotImplementedError
+        """Hook: the distribution of the layer below ``prev``, from the entries of ``L[prev, :]``
+        (their columns and values, in any order)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement layer_distribution")
+
+    def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> LayerDraw:
+        """Hook: ``s`` successive draws (without replacement) from ``layer_distribution`` of
+        ``prev``, and the entries of ``rows`` they keep (``keep``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement draw_layer")
 
     def distribution(self, prev: Tensor) -> LayerDistribution:
         """``layer_distribution`` of the rows ``prev``."""
@@ -99,12 +108,6 @@ class LayerwiseSampler:
             prev = draw.chosen
         blocks.reverse()
         return MiniBatch(input_nodes=prev, output_nodes=seeds, blocks=blocks)
-
-    def draw_layer(self, prev: Tensor, rows: RowEntries, s: int) -> LayerDraw:
-        """One layer's successive draws from ``layer_distribution`` and the entries they keep."""
-        dist = self.layer_distribution(prev, rows.cols, self.entry_values(prev, rows))
-        pos = successive_sample(dist.p, s, cdf=dist.cdf, nnz=dist.nnz, last=dist.last, slot=self.scratch())
-        return self.keep(prev, rows, dist.support[pos], dist.p[pos])
 
     def keep(self, prev: Tensor, rows: RowEntries, chosen: Tensor, p_chosen: Tensor) -> LayerDraw:
         """The ``LayerDraw`` of ``chosen``: its kept entries of ``rows`` and their values."""
@@ -210,7 +213,7 @@ def row_entries(graph: CSRGraph, prev: Tensor) -> RowEntries:
     starts = graph.indptr.index_select(0, prev)
     lengths = graph.indptr.index_select(0, prev + 1) - starts + 1  # + the self loop
     ends = torch.cumsum(lengths, 0)
-    edge_pos = segment_positions(starts, lengths, ends, int(ends[-1]))
+    edge_pos = row_positions(starts, lengths)
     selfs = ends - 1
     edge_pos[selfs] = 0  # (the next row's first edge there, or one past the last edge)
     if graph.num_edges:
@@ -219,16 +222,6 @@ def row_entries(graph: CSRGraph, prev: Tensor) -> RowEntries:
     else:
         cols = prev.clone()
     return RowEntries(edge_pos=edge_pos, cols=cols, ends=ends)
-
-
-def segment_positions(starts: Tensor, lengths: Tensor, ends: Tensor, total: int) -> Tensor:
-    """``cat([arange(a, a + n) for a, n in zip(starts, lengths)])`` as one cumulative sum, for
-    non-empty segments: steps are 1 except where a segment begins, where the step jumps from the
-    previous segment's last value to its start."""
-    step = torch.ones(total, dtype=torch.int64)
-    last_before = torch.cat([starts.new_zeros(1), (starts + lengths)[:-1] - 1])  # virtual value 0
-    step[ends - lengths] = starts - last_before
-    return step.cumsum_(0)
 
 
 def normalise(pi: Tensor, who: str) -> Tensor:

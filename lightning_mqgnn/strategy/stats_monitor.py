@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from typing_extensions import override
 
 
 class CommStatsMonitor(Callback):
@@ -16,6 +17,7 @@ class CommStatsMonitor(Callback):
             raise ValueError(f"CommStatsMonitor: every_n_steps must be >= 1, got {every_n_steps!r}")
         self.every_n_steps = every_n_steps
 
+    @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:

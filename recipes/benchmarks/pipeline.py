@@ -12,7 +12,7 @@ trainer process runs with one torch thread and the pipeline with K workers (defa
 cores one samples while the other computes). Overlap target: pipeline epoch time
 <= 1.15 x max(sequential sample+gather time / K, sequential compute time).
 
-``parity``: test metric of sequential vs pipelined training on real graphs from ../shared/data
+``parity``: test metric of sequential vs pipelined training on real npz graphs from the data directory
 (same seeds, same epochs). Both modes seed every batch from (seed, epoch, index), so they should
 agree exactly.
 
@@ -35,10 +35,10 @@ import numpy as np
 import psutil
 import torch
 
+from lightning_mqgnn.callbacks import StageTimingCallback
 from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models import NodeClassifier
-from lightning_mqgnn.pipeline.stage_timing import StageTimingCallback
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -197,7 +197,8 @@ def print_speed(rows: list[dict], workers: int) -> None:
 
 
 def load_shared(name: str) -> GraphDataset:
-    """A ../shared/data graph through the project's npz loader (bag-of-words rows normalised)."""
+    """An npz graph of the data directory (MQGNN_SHARED_DATA) through the project's npz loader
+    (bag-of-words rows normalised)."""
     from lightning_mqgnn.graph.npz import load_npz
 
     path = DATA_DIR / f"{name}.npz"
@@ -247,7 +248,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     sp.add_argument("--fixed-q", type=int, default=2)
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--repeats", type=int, default=1, help="interleaved repetitions of the three configs")
-    pp = sub.add_parser("parity", help="test metric, sequential vs pipeline, on ../shared/data graphs")
+    pp = sub.add_parser(
+        "parity", help="test metric, sequential vs pipeline, on npz graphs of the data directory"
+    )
     pp.add_argument("--datasets", nargs="+", default=["amazon_photo", "dblp"])
     pp.add_argument("--epochs", type=int, default=10)
     pp.add_argument("--batch-size", type=int, default=256)

@@ -33,7 +33,8 @@ from benchmarks._report import machine_header
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.exact import edge_weights
 from lightning_mqgnn.sampling.fastgcn import FastGCNSampler
-from lightning_mqgnn.sampling.gns import GNSCache, GNSSampler
+from lightning_mqgnn.sampling.feature_cache import GNSCache
+from lightning_mqgnn.sampling.gns import GNSSampler
 from lightning_mqgnn.sampling.ladies import LADIESSampler
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 

@@ -34,7 +34,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks._report import machine_header, write_report
 from lightning_mqgnn.pipeline.produce import produce_batch
-from lightning_mqgnn.pipeline.schedule import batch_rng_seed, epoch_batches
+from lightning_mqgnn.pipeline.schedule import epoch_batches
+from lightning_mqgnn.sampling.rng import batch_rng_seed
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "recipes"))  # the recipe's own builders (train.py)

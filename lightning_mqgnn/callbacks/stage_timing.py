@@ -2,20 +2,20 @@
 
 Stages: sampling, gathering, transfer (from ``batch.meta``, measured where they ran), waiting
 for data (training thread blocked in the loader), forward, backward, optimiser (callback hooks),
-and the queue depths. The summary uses the paper's batch time: the first and last 20 batches
+and the queue depths. Batch and epoch times come from ``TrainingClock``, as ``BatchTimer``'s do:
+validation is excluded. The summary uses the paper's batch time: the first and last 20 batches
 are dropped before averaging.
 """
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
-from lightning_mqgnn.callbacks import trimmed_mean
+from lightning_mqgnn.callbacks.clock import TrainingClock, trimmed_mean
 
 META_STAGES = ("sample_s", "gather_s", "transfer_s", "wait_s")
 META_GAUGES = ("device_queue_depth", "cpu_queue_depth", "queue_size")
@@ -27,54 +27,56 @@ class StageTimingCallback(pl.Callback):
 
     ``batch_s`` runs from the previous batch's end (so waiting for data counts) to this one's.
     Every batch is recorded; only every ``log_every_n_steps``-th (default: the Trainer's) goes to
-    the logger, and nothing without one: ``log_dict`` costs about 1 ms per key in the training
-    thread, which on a pipeline bound by compute is lost throughput.
+    the logger, and nothing without one: ``log_dict`` has a cost per key in the training thread,
+    which on a pipeline bound by compute is lost throughput.
 
-    On CUDA the hooks synchronise the current stream (not the side stream) so forward/backward
-    times are real, at the cost of a small stall; pass ``cuda_sync=False`` to avoid it.
+    On CUDA every reading waits for the current stream (not the side stream) so forward/backward
+    times are real, at the cost of a stall per reading; ``cuda_sync=False`` synchronises only at
+    epoch and validation boundaries (the stage times are then host-side times).
     """
 
     def __init__(self, trim: int = 20, log_every_n_steps: int | None = None, cuda_sync: bool = True):
         self.trim = trim
         self.log_every_n_steps = log_every_n_steps
-        self.cuda_sync = cuda_sync
+        self.clock = TrainingClock(sync_every_batch=cuda_sync)
         self.records: dict[str, list[float]] = defaultdict(list)
         self.epoch_times: list[float] = []
         self.cache_hit_rates: list[float] = []  # per epoch, when a feature cache (GNS) serves rows
         self._hits = self._rows = 0
         self.summary: dict[str, float] = {}
         self._marks: dict[str, float] = {}
-        self._last_end: float | None = None
-        self._epoch_start = 0.0
 
-    def _now(self, pl_module: pl.LightningModule) -> float:
-        if self.cuda_sync and pl_module.device.type == "cuda":
-            torch.cuda.current_stream(pl_module.device).synchronize()
-        return time.perf_counter()
-
+    @override
     def on_fit_start(self, trainer, pl_module) -> None:
+        self.clock.fit_start(pl_module.device)
         self.records.clear()
         self.epoch_times.clear()
         self.cache_hit_rates.clear()
         self.summary = {}
 
+    @override
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._epoch_start = self._last_end = self._now(pl_module)
+        self.clock.train_epoch_start()
 
+    @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._marks = {"start": self._now(pl_module)}
+        self._marks = {"start": self.clock.now()}
 
+    @override
     def on_before_backward(self, trainer, pl_module, loss) -> None:
-        self._marks["backward"] = self._now(pl_module)
+        self._marks["backward"] = self.clock.now()
 
+    @override
     def on_after_backward(self, trainer, pl_module) -> None:
-        self._marks["backward_end"] = self._now(pl_module)
+        self._marks["backward_end"] = self.clock.now()
 
+    @override
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        self._marks["optimizer"] = self._now(pl_module)
+        self._marks["optimizer"] = self.clock.now()
 
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        end = self._now(pl_module)
+        end, batch_s = self.clock.train_batch_end()
         m = self._marks
         row: dict[str, float] = {}
         if "backward" in m:
@@ -83,9 +85,7 @@ class StageTimingCallback(pl.Callback):
             row["backward_s"] = m["backward_end"] - m["backward"]
         if "optimizer" in m:
             row["optimizer_s"] = end - m["optimizer"]
-        if self._last_end is not None:
-            row["batch_s"] = end - self._last_end
-        self._last_end = end
+        row["batch_s"] = batch_s
         meta = getattr(batch, "meta", {}) or {}
         if "cache_hits" in meta:
             self._hits += int(meta["cache_hits"])
@@ -101,14 +101,24 @@ class StageTimingCallback(pl.Callback):
                 {f"stage/{k}": v for k, v in row.items()}, on_step=True, on_epoch=False, batch_size=1
             )
 
+    @override
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self.clock.validation_start()
+
+    @override
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self.clock.validation_end()
+
+    @override
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        self.epoch_times.append(self._now(pl_module) - self._epoch_start)
+        self.epoch_times.append(self.clock.train_epoch_end())
         if self._rows:
             rate = self._hits / self._rows
             self.cache_hit_rates.append(rate)
             pl_module.log("stage/cache_hit_rate", rate, on_epoch=True, batch_size=1)
             self._hits = self._rows = 0
 
+    @override
     def on_fit_end(self, trainer, pl_module) -> None:
         self.summary = self.summarize()
         loader = getattr(trainer.datamodule, "pipeline_loader", None)

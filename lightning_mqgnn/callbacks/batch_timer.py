@@ -1,0 +1,62 @@
+"""Per-batch wall time and total training time of a fit (the paper's batch time)."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+from typing_extensions import override
+
+from lightning_mqgnn.callbacks.clock import TrainingClock, trimmed, trimmed_mean
+
+
+class BatchTimer(pl.Callback):
+    """Wall time of every training batch (``TrainingClock``: waiting for data counts, validation
+    does not) and the total training time of ``fit``, validation excluded. On CUDA only the epoch
+    and validation boundaries synchronise the device: a wait for the GPU every step would stop the
+    host from queueing the next step's kernels, so a batch's time is the pace of the slower side."""
+
+    def __init__(self, trim: int = 20):
+        self.trim = trim
+        self.batch_times: list[float] = []
+        self.train_time = 0.0
+        self.clock = TrainingClock()
+        self._fit_start = 0.0
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.batch_times.clear()
+        self._fit_start = self.clock.fit_start(pl_module.device)
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.clock.train_epoch_start()
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batch_times.append(self.clock.train_batch_end()[1])
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.clock.validation_start()
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.clock.validation_end()
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.train_time = self.clock.now(boundary=True) - self._fit_start - self.clock.validation_s
+
+    @property
+    def batch_time(self) -> float:
+        return trimmed_mean(self.batch_times, self.trim)
+
+    def summary(self) -> dict[str, float]:
+        kept = trimmed(self.batch_times, self.trim)
+        mean = self.batch_time
+        std = (sum((t - mean) ** 2 for t in kept) / max(len(kept) - 1, 1)) ** 0.5 if kept else float("nan")
+        return {
+            "batches": len(self.batch_times),
+            "batch_time_ms": 1000.0 * mean,
+            "batch_time_std_ms": 1000.0 * std,
+            "train_time_s": self.train_time,
+        }
