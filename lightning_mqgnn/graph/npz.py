@@ -1,4 +1,4 @@
-"""Load the project's pickle-free ``NAME.npz`` node-classification files (layout: shared data README).
+"""Load the project's pickle-free ``NAME.npz`` node-classification files (the keys below).
 
 Keys: ``indptr``/``indices`` (CSR adjacency), ``x_indptr``/``x_indices``/``x_data``/``x_shape``
 (sparse features), ``y`` (int64 class per node), ``train_idx``/``val_idx``/``test_idx`` and
