@@ -32,7 +32,8 @@ class MQGNNDataModule(pl.LightningDataModule):
     training thread with every core, and keeps the faster (``ProducerChoice``); ``"workers"``
     always uses the workers. ``aggregate_inputs``: the gather stage computes the first layer's
     aggregation (``batch.aggregated``) instead of gathering the input rows (``batch.features``),
-    for models that accept it, as ``NodeClassifier`` does; not with a feature cache. Both modes
+    for models that declare ``accepts_aggregated_inputs``, as ``NodeClassifier`` does (others get
+    ``batch.features`` whatever this says); not with a feature cache. Both modes
     seed each batch's sampling from (seed, epoch, batch index), so they train on identical
     batches. Each rank trains on its own disjoint share of the seeds every epoch
     (``epoch_batches``). ``feature_cache`` (e.g. GNS) is refreshed at every epoch start; its rows
@@ -131,8 +132,17 @@ class MQGNNDataModule(pl.LightningDataModule):
         )
 
     def input_aggregation(self) -> str | None:
-        """The sampler's aggregation when the gather stage aggregates the first layer, else None."""
-        return self.sampler.aggregation if self.aggregate_inputs else None
+        """The sampler's aggregation when the gather stage aggregates the first layer, else None.
+
+        Only for a module that declares ``accepts_aggregated_inputs`` (``NodeClassifier`` does;
+        a PyG layer stack reads feature rows), once one is attached to the trainer.
+        """
+        if not self.aggregate_inputs:
+            return None
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        if module is not None and not getattr(module, "accepts_aggregated_inputs", False):
+            return None
+        return self.sampler.aggregation
 
     def produce_here(self, epoch: int, index: int, seeds) -> MiniBatch:
         """Batch ``index`` of ``epoch`` (seeded from ``seed``, epoch and index), sampled and
