@@ -238,13 +238,12 @@ def test_pyg_stacks_train_the_same_through_both_loaders(ds, stack, aggregation):
 
 @pytest.mark.skipif(not (SHARED_DATA / "cora.npz").is_file(), reason=f"cora not found in {SHARED_DATA}")
 def test_gat_trains_on_cora_through_the_pipeline():
-    """GAT (8 heads of 8, as gat_pyg.yaml) through the pipelined loader, 30 epochs of 5 batches:
-    test accuracy 0.80-0.82 over seeds 0-2 here; 0.75 leaves a margin for other machines."""
+    """GAT as model=gat_pyg configures it (8 heads of 8, dropout 0.5, lr 1e-2) through the
+    pipelined loader, 30 epochs of 5 batches, last weights: test accuracy 0.76-0.80 over seeds
+    0-2 here (0.78 for seed 0); 0.72 leaves a margin for other machines' float rounding."""
     cora = load_npz(SHARED_DATA / "cora.npz")
     torch.manual_seed(0)
-    model = PyGNodeClassifier(
-        cora.num_features, cora.num_classes, gat_stack, dropout=0.6, lr=5e-3, weight_decay=5e-4
-    )
+    model = PyGNodeClassifier(cora.num_features, cora.num_classes, gat_stack, dropout=0.5, lr=1e-2)
     dm = MQGNNDataModule(
         cora,
         NeighborSampler(cora.graph, [5, 5]),
@@ -258,7 +257,7 @@ def test_gat_trains_on_cora_through_the_pipeline():
     trainer = make_trainer(max_epochs=30)
     trainer.fit(model, dm)
     accuracy = trainer.test(model, datamodule=dm, verbose=False)[0]["test/metric"]
-    assert accuracy > 0.75, accuracy
+    assert accuracy > 0.72, accuracy
 
 
 @pytest.mark.parametrize("name", ["gat_pyg", "sage_pyg"])

@@ -149,7 +149,7 @@ def gat_stack(
     hidden: int = 8,
     heads: int = 8,
     num_layers: int = 2,
-    attention_dropout: float = 0.6,
+    attention_dropout: float = 0.0,
 ) -> list[nn.Module]:
     """PyG ``GATConv`` layers (Veličković et al. 2018): ``heads`` concatenated heads of width
     ``hidden`` per hidden layer, one head for the output layer. Attention replaces the block
