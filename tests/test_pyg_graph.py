@@ -20,7 +20,7 @@ pyg_data = pytest.importorskip("torch_geometric.data")
 from lightning_mqgnn.graph.csr import CSRGraph  # noqa: E402
 from lightning_mqgnn.graph.dataset import GraphDataset  # noqa: E402
 from lightning_mqgnn.graph.npz import load_npz  # noqa: E402
-from lightning_mqgnn.graph.pyg import from_pyg, import_pyg, load_pyg_dataset, to_pyg  # noqa: E402
+from lightning_mqgnn.graph.pyg import from_pyg, import_pyg, load_pyg_dataset, to_pyg_data  # noqa: E402
 
 Data = pyg_data.Data
 CONF = Path(__file__).resolve().parents[1] / "conf" / "data"
@@ -119,9 +119,9 @@ def test_splits_argument_multilabel_and_column_labels():
     assert multi.multilabel and multi.num_classes == 2
 
 
-def test_to_pyg_round_trip(tmp_path):
+def test_to_pyg_data_round_trip(tmp_path):
     ds = load_npz(write_npz(tmp_path / "ring.npz"))
-    data = to_pyg(ds)
+    data = to_pyg_data(ds)
     assert data.edge_index.shape == (2, ds.graph.num_edges)
     assert_same_dataset(from_pyg(data, name=ds.name), ds)
 

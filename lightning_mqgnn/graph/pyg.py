@@ -174,7 +174,7 @@ def from_pyg(
     return validate_dataset(ds, source="torch_geometric Data")
 
 
-def to_pyg(dataset: GraphDataset) -> Any:
+def to_pyg_data(dataset: GraphDataset) -> Any:
     """The dataset as a ``torch_geometric.data.Data``: ``edge_index`` (source row 0, target
     row 1: one edge ``u -> v`` per in-neighbour ``u`` of ``v``), ``x``, ``y`` and the three split
     masks."""
