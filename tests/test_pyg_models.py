@@ -112,7 +112,9 @@ def test_pyg_conv_equals_our_layer_on_the_same_block(ds, aggregation, replace_):
         else:
             got = conv(h, pyg_block.edge_index, edge_weight=pyg_block.edge_weight)[: pyg_block.size[1]]
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(PyGLayer(conv)(ours_block, h), expected, rtol=1e-5, atol=1e-5)
+        layer = PyGLayer(conv)
+        assert layer.pair_input == (aggregation == "mean")  # SAGEConv takes (x_src, x_dst), GCNConv x
+        torch.testing.assert_close(layer(ours_block, h), expected, rtol=1e-5, atol=1e-5)
         h = torch.randn(ours_block.num_dst, 9)
 
 
@@ -197,6 +199,8 @@ def test_layer_stacks_and_factories(ds):
     convs = [pyg_nn.SAGEConv(ds.num_features, 8), pyg_nn.GATConv(8, ds.num_classes)]
     model = PyGNodeClassifier(ds.num_features, ds.num_classes, convs)
     assert [layer.conv for layer in model.layers] == convs
+    assert all(layer.pair_input and not layer.takes_edge_weight for layer in model.layers)
+    assert PyGLayer(pyg_nn.GATv2Conv(4, 4)).pair_input and PyGLayer(pyg_nn.GraphConv(4, 4)).takes_edge_weight
     gcn = PyGNodeClassifier(ds.num_features, ds.num_classes, gcn_stack, aggregation="gcn")
     assert gcn.layers[0].takes_edge_weight and not gcn.layers[0].pair_input
     assert not PyGNodeClassifier.accepts_aggregated_inputs

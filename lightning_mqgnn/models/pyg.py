@@ -30,7 +30,7 @@ LayerStack = Iterable[nn.Module] | Callable[[int, int], Iterable[nn.Module]]
 
 def _accepts_pair(annotation: object) -> bool:
     """Whether a ``forward``'s first annotation admits a tuple (PyG's ``PairTensor``)."""
-    if annotation in (tuple, typing.Tuple):  # noqa: UP006
+    if annotation is tuple or typing.get_origin(annotation) is tuple:
         return True
     return any(_accepts_pair(a) for a in typing.get_args(annotation))
 
