@@ -160,6 +160,26 @@ class WeightedSum(pyg_nn.MessagePassing):
         return w[:, None] * x_j
 
 
+class BipartiteMean(pyg_nn.MessagePassing):
+    """A user layer annotated as PyG's own (as a string: this module uses postponed annotations)."""
+
+    def __init__(self):
+        super().__init__(aggr="mean")
+
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: torch.Tensor):
+        x_src, x_dst = x if isinstance(x, tuple) else (x, x)
+        return self.propagate(edge_index, x=(x_src, x_dst)) + x_dst
+
+
+def test_user_layer_with_pair_annotation_gets_the_bipartite_call(ds):
+    batch = sampled(ds, "mean")
+    layer = PyGLayer(BipartiteMean())
+    assert layer.pair_input and not layer.takes_edge_weight
+    block, h = batch.blocks[0], batch.features
+    expected = block.aggregate(h) + h[: block.num_dst]  # mean blocks weigh each sampled edge 1/k
+    torch.testing.assert_close(layer(block, h), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_user_message_passing_layer_gets_rows_and_weights(ds):
     batch = sampled(ds, "gcn")
     ours, _ = layer_pair("gcn", ds.num_features, 5)

@@ -52,7 +52,12 @@ class PyGLayer(nn.Module):
                 f"{type(conv).__name__}.forward takes no arguments; expected (x, edge_index, ...)"
             )
         self.conv = conv
-        self.pair_input = _accepts_pair(next(iter(params.values())).annotation)
+        first = next(iter(params.values()))
+        try:  # resolves string annotations (modules with ``from __future__ import annotations``)
+            annotation = typing.get_type_hints(conv.forward).get(first.name, first.annotation)
+        except (NameError, TypeError):
+            annotation = first.annotation
+        self.pair_input = _accepts_pair(annotation)
         self.takes_edge_weight = "edge_weight" in params
         if self.takes_edge_weight and getattr(conv, "normalize", False) is True:
             raise ValueError(
