@@ -32,7 +32,8 @@ class MQGNNDataModule(pl.LightningDataModule):
     training thread with every core, and keeps the faster (``ProducerChoice``); ``"workers"``
     always uses the workers. ``aggregate_inputs``: the gather stage computes the first layer's
     aggregation (``batch.aggregated``) instead of gathering the input rows (``batch.features``),
-    for models that accept it, as ``NodeClassifier`` does; not with a feature cache. Both modes
+    for models that declare ``accepts_aggregated_inputs``, as ``NodeClassifier`` does (others get
+    ``batch.features`` whatever this says); not with a feature cache. Both modes
     seed each batch's sampling from (seed, epoch, batch index), so they train on identical
     batches. Each rank trains on its own disjoint share of the seeds every epoch
     (``epoch_batches``). ``feature_cache`` (e.g. GNS) is refreshed at every epoch start; its rows
@@ -64,6 +65,7 @@ class MQGNNDataModule(pl.LightningDataModule):
         if mode not in MODES:
             raise ValueError(f"loader mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
+        self.aggregate_inputs = aggregate_inputs
         self.source = BatchSource(
             dataset, sampler, batch_size, shuffle, drop_last, seed, aggregate_inputs, feature_cache
         )
@@ -124,8 +126,18 @@ class MQGNNDataModule(pl.LightningDataModule):
     def num_train_batches(self) -> int:
         return self.source.num_batches(self.epoch_plan().world_size)
 
+    def match_module(self) -> None:
+        """Aggregate the first layer in the gather stage only for a module that declares
+        ``accepts_aggregated_inputs`` (``NodeClassifier`` does; a PyG layer stack reads feature
+        rows); without an attached module, as asked."""
+        trainer = self.trainer
+        module = trainer.lightning_module if trainer is not None else None
+        accepts = module is None or getattr(module, "accepts_aggregated_inputs", False)
+        self.source.aggregate_inputs = self.aggregate_inputs and accepts
+
     @override
     def train_dataloader(self) -> SequentialLoader | PipelinedLoader:
+        self.match_module()
         if self.mode == "sequential":
             return SequentialLoader(self.source, self.epoch_plan)
         return self.train_pipeline_loader()
@@ -145,6 +157,7 @@ class MQGNNDataModule(pl.LightningDataModule):
 
     @override
     def setup(self, stage: str) -> None:
+        self.match_module()
         if stage == "fit" and self.mode == "pipeline":
             # workers fork and sample the first batches while Lightning sets up and sanity-checks
             self.train_pipeline_loader().prime()

@@ -3,6 +3,7 @@ in the workers and in the training thread, and training bit-identical to gathere
 
 from dataclasses import replace
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from pipeline_helpers import make_trainer, seeded_module, small_dataset
@@ -94,3 +95,37 @@ def test_with_a_feature_cache_the_rows_are_gathered(ds):
         sampler.sample(ds.train_idx[:50]), ds.features, ds.labels, cache.slot, input_aggregation="mean"
     )
     assert batch.aggregated is None and batch.cache_slots is not None
+
+
+class RowsOnlyClassifier(NodeClassifier):
+    """The same layers, declaring that it reads feature rows only."""
+
+    accepts_aggregated_inputs = False
+
+
+class RecordBatchKind(pl.Callback):
+    def __init__(self):
+        self.kinds = set()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.kinds.add((batch.aggregated is not None, batch.features is not None))
+
+
+@pytest.mark.parametrize("mode", ["sequential", "pipeline"])
+@pytest.mark.parametrize(("module_cls", "aggregated"), [(NodeClassifier, True), (RowsOnlyClassifier, False)])
+def test_the_datamodule_aggregates_only_for_modules_that_accept_it(ds, mode, module_cls, aggregated):
+    dm = MQGNNDataModule(
+        ds,
+        NeighborSampler(ds.graph, [5, 5]),
+        batch_size=256,
+        mode=mode,
+        num_workers=1,
+        producer="workers",
+        aggregate_inputs=True,
+    )
+    assert dm.source.input_aggregation == "mean"  # no module attached yet: as configured
+    record = RecordBatchKind()
+    make_trainer(callbacks=[record], max_epochs=1).fit(
+        module_cls(ds.num_features, ds.num_classes, hidden=8), dm
+    )
+    assert record.kinds == {(aggregated, not aggregated)}

@@ -1,4 +1,5 @@
-"""The LightningModule for node classification on sampled blocks (all ten paper variants)."""
+"""LightningModules for node classification on sampled blocks: the shared training and exact
+inference, and ``NodeClassifier``, the GCN/SAGE stacks of all ten paper variants."""
 
 from __future__ import annotations
 
@@ -18,49 +19,60 @@ from lightning_mqgnn.sampling.batch import Block, MiniBatch
 AGGREGATION_OF_CONV = {"gcn": "gcn", "sage": "mean"}
 
 
-class NodeClassifier(pl.LightningModule):
-    """A stack of GCN or SAGE layers (paper: 2 layers, hidden 256, Adam lr 1e-3).
-
-    Training consumes ``MiniBatch``es from any sampler whose ``aggregation`` matches the layer
-    type; validation and test consume ``FullGraphBatch``es and run exact inference. Logged
+class NodeClassifierBase(pl.LightningModule):
+    """Node classification on sampled blocks: training consumes ``MiniBatch``es, validation and
+    test consume ``FullGraphBatch``es and run exact inference over the same ``layers``. Logged
     metrics: ``train/loss``, ``val/metric``, ``test/metric``.
+
+    Subclasses build ``layers``, each called as ``layer(block, h_src, h_dst=None)``, and name the
+    ``aggregation`` (``Sampler.aggregation``) whose block weights those layers expect.
+    ``accepts_aggregated_inputs``: whether the module takes batches whose first layer the gather
+    stage has aggregated (``MiniBatch.aggregated``); the DataModule only aggregates for modules
+    that say so.
     """
+
+    accepts_aggregated_inputs: bool = False
 
     def __init__(
         self,
-        in_dim: int,
+        layers: list[nn.Module],
+        aggregation: str,
         num_classes: int,
-        conv: str = "sage",
-        hidden: int = 256,
-        num_layers: int = 2,
-        dropout: float = 0.2,
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        metric: str = "accuracy",
-        multilabel: bool = False,
+        dropout: float,
+        lr: float,
+        weight_decay: float,
+        metric: str,
+        multilabel: bool,
     ):
         super().__init__()
-        if conv not in LAYERS:
-            raise ValueError(f"unknown conv {conv!r}; expected one of {sorted(LAYERS)}")
-        self.save_hyperparameters()
-        dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
-        self.layers = nn.ModuleList(LAYERS[conv](a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.layers = nn.ModuleList(layers)
         self.relu_dropout = ReLUDropout(dropout)
-        self.aggregation = AGGREGATION_OF_CONV[conv]
+        self.aggregation = aggregation
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.metric_name = metric
+        self.multilabel = multilabel
         self.val_metric = make_metric(metric, num_classes, multilabel)
         self.test_metric = make_metric(metric, num_classes, multilabel)
         self._inference: FullGraphInference | None = None
 
     @override
-    def forward(self, blocks: list[Block], x: Tensor, aggregated: bool = False) -> Tensor:
-        """Logits of the last block's destinations; ``aggregated``: ``x`` is the first block's
-        aggregation of the inputs (``MiniBatch.aggregated``), not their feature rows."""
+    def forward(self, blocks: list[Block], x: Tensor) -> Tensor:
+        """Logits of the last block's destinations from the input rows ``x`` of the first block."""
         h = x
         for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-            h = layer.transform(h) if aggregated and i == 0 else layer(block, h)
+            h = layer(block, h)
             if i < len(self.layers) - 1:
                 h = self.relu_dropout(h)
         return h
+
+    def batch_logits(self, batch: MiniBatch) -> Tensor:
+        if batch.aggregated is not None:
+            raise ValueError(
+                f"{type(self).__name__} reads input feature rows, but the mini-batch carries its first "
+                "layer's aggregation: build the DataModule with aggregate_inputs=False"
+            )
+        return self(batch.blocks, batch.input_features())
 
     @override
     def training_step(self, batch: MiniBatch, batch_idx: int) -> Tensor:
@@ -68,11 +80,8 @@ class NodeClassifier(pl.LightningModule):
             raise ValueError(
                 f"mini-batch has {len(batch.blocks)} blocks, model has {len(self.layers)} layers"
             )
-        if batch.aggregated is not None:
-            logits = self(batch.blocks, batch.aggregated, aggregated=True)
-        else:
-            logits = self(batch.blocks, batch.input_features())
-        loss = node_loss(logits, batch.labels, self.hparams.multilabel)
+        logits = self.batch_logits(batch)
+        loss = node_loss(logits, batch.labels, self.multilabel)
         if self._logging_step():
             self.log("train/loss", loss, prog_bar=True, batch_size=batch.output_nodes.numel())
         return loss
@@ -99,7 +108,7 @@ class NodeClassifier(pl.LightningModule):
     def _score(self, batch: FullGraphBatch, metric, name: str) -> None:
         logits = self._full_graph_logits(batch)
         labels = batch.dataset.labels[batch.nodes].to(self.device)
-        metric.update(metric_input(logits, self.hparams.metric, self.hparams.multilabel), labels.long())
+        metric.update(metric_input(logits, self.metric_name, self.multilabel), labels.long())
         self.log(name, metric, prog_bar=True, batch_size=batch.nodes.numel())
 
     @override
@@ -124,8 +133,63 @@ class NodeClassifier(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """Adam, fused (one kernel over every parameter instead of a loop of small ones per tensor)
         where torch has it for the parameters' device."""
-        kwargs = dict(lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        kwargs = dict(lr=self.lr, weight_decay=self.weight_decay)
         try:
             return torch.optim.Adam(self.parameters(), fused=True, **kwargs)
         except RuntimeError:  # no fused kernel for this device or torch version
             return torch.optim.Adam(self.parameters(), **kwargs)
+
+
+class NodeClassifier(NodeClassifierBase):
+    """A stack of GCN or SAGE layers (paper: 2 layers, hidden 256, Adam lr 1e-3).
+
+    Trains on ``MiniBatch``es from any sampler whose ``aggregation`` matches the layer type, with
+    feature rows or with the first layer aggregated in the gather stage.
+    """
+
+    accepts_aggregated_inputs = True
+
+    def __init__(
+        self,
+        in_dim: int,
+        num_classes: int,
+        conv: str = "sage",
+        hidden: int = 256,
+        num_layers: int = 2,
+        dropout: float = 0.2,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        metric: str = "accuracy",
+        multilabel: bool = False,
+    ):
+        if conv not in LAYERS:
+            raise ValueError(f"unknown conv {conv!r}; expected one of {sorted(LAYERS)}")
+        dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
+        super().__init__(
+            [LAYERS[conv](a, b) for a, b in zip(dims[:-1], dims[1:])],
+            AGGREGATION_OF_CONV[conv],
+            num_classes=num_classes,
+            dropout=dropout,
+            lr=lr,
+            weight_decay=weight_decay,
+            metric=metric,
+            multilabel=multilabel,
+        )
+        self.save_hyperparameters()
+
+    @override
+    def forward(self, blocks: list[Block], x: Tensor, aggregated: bool = False) -> Tensor:
+        """Logits of the last block's destinations; ``aggregated``: ``x`` is the first block's
+        aggregation of the inputs (``MiniBatch.aggregated``), not their feature rows."""
+        h = x
+        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+            h = layer.transform(h) if aggregated and i == 0 else layer(block, h)
+            if i < len(self.layers) - 1:
+                h = self.relu_dropout(h)
+        return h
+
+    @override
+    def batch_logits(self, batch: MiniBatch) -> Tensor:
+        if batch.aggregated is not None:
+            return self(batch.blocks, batch.aggregated, aggregated=True)
+        return self(batch.blocks, batch.input_features())

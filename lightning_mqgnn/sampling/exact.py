@@ -37,7 +37,9 @@ def full_block(graph: CSRGraph, dst: Tensor, weights: Tensor, self_weights: Tens
     """Full-neighbourhood block of ``dst`` over *global* source ids (``num_src = N``).
 
     Returns the block and nothing to relabel: inference holds all N rows of the previous layer,
-    so global ids index it directly. Self loops with non-zero weight are added as edges.
+    so global ids index it directly. Self loops with non-zero weight are added as edges. When
+    ``dst`` is ``0, 1, ..., len(dst) - 1`` the destinations are the first sources
+    (``dst_in_src``), as in a sampled block.
     """
     starts, ends = graph.indptr[dst], graph.indptr[dst + 1]
     counts = ends - starts
@@ -56,6 +58,11 @@ def full_block(graph: CSRGraph, dst: Tensor, weights: Tensor, self_weights: Tens
     indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
     torch.cumsum(counts, 0, out=indptr[1:])
     block = Block(
-        num_dst=dst.numel(), num_src=graph.num_nodes, indptr=indptr, indices=src, weights=w, dst_in_src=False
+        num_dst=dst.numel(),
+        num_src=graph.num_nodes,
+        indptr=indptr,
+        indices=src,
+        weights=w,
+        dst_in_src=bool(torch.equal(dst, torch.arange(dst.numel(), dtype=dst.dtype))),
     )
     return block, dst

@@ -1,0 +1,247 @@
+"""PyTorch Geometric graphs as input: a ``torch_geometric.data.Data`` (or one of PyG's dataset
+classes) to a validated ``GraphDataset``, and back.
+
+PyG is an optional extra (``pip install lightning_mqgnn[pyg]``): it is imported inside the
+functions, so nothing else in the library needs it. ``from_pyg`` itself reads only tensors.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.graph.dataset import GraphDataset, split_mask
+from lightning_mqgnn.graph.validate import validate_dataset
+
+SPLITS = ("train", "val", "test")
+
+
+def import_pyg() -> Any:
+    """``import torch_geometric`` with an error that says how to get it."""
+    try:
+        import torch_geometric
+    except ImportError as err:
+        raise ImportError(
+            f"this needs PyTorch Geometric, which failed to import ({err}); install the `pyg` extra: "
+            "pip install lightning_mqgnn[pyg]"
+        ) from err
+    return torch_geometric
+
+
+def _field(data: Any, key: str) -> Any:
+    """``data[key]`` or None; ``Data`` and plain attribute holders alike."""
+    return getattr(data, key, None)
+
+
+def _edges(who: str, edge_index: Any, num_nodes: int) -> tuple[Tensor, Tensor]:
+    """``edge_index`` as (source, target): int ``[2, E]`` with ids in ``[0, N)``."""
+    if not isinstance(edge_index, Tensor):
+        raise ValueError(f"{who}: field 'edge_index' must be a torch.Tensor, got {type(edge_index).__name__}")
+    if edge_index.is_floating_point() or edge_index.is_complex() or edge_index.dtype == torch.bool:
+        raise ValueError(f"{who}: field 'edge_index' must hold integers, got dtype {edge_index.dtype}")
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"{who}: field 'edge_index' has shape {tuple(edge_index.shape)}, expected [2, E]")
+    edge_index = edge_index.to(torch.int64).cpu()
+    if edge_index.numel():
+        out = torch.nonzero((edge_index < 0) | (edge_index >= num_nodes))
+        if out.numel():
+            r, e = int(out[0, 0]), int(out[0, 1])
+            raise ValueError(
+                f"{who}: field 'edge_index' has node id {int(edge_index[r, e])} outside [0, {num_nodes}) "
+                f"(edge {e}, row {r})"
+            )
+    return edge_index[0], edge_index[1]
+
+
+def _split_ids(who: str, key: str, value: Any, num_nodes: int) -> Tensor:
+    """A boolean (or 0/1) mask of length N, or a 1-D tensor of node ids, as int64 ids."""
+    if not isinstance(value, Tensor):
+        raise ValueError(f"{who}: field '{key}' must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != 1:
+        raise ValueError(
+            f"{who}: field '{key}' has shape {tuple(value.shape)}, expected 1-D (several split columns: "
+            "pick one and pass it in splits=)"
+        )
+    value = value.cpu()
+    if key.endswith("_mask"):
+        if value.numel() != num_nodes:
+            raise ValueError(f"{who}: field '{key}' has {value.numel()} entries, expected {num_nodes}")
+        if value.dtype != torch.bool:
+            bad = value[(value != 0) & (value != 1)]
+            if bad.numel():
+                raise ValueError(f"{who}: field '{key}' is not a 0/1 mask: has value {bad[0].item()}")
+        return torch.nonzero(value.bool()).reshape(-1)
+    if value.dtype.is_floating_point or value.dtype == torch.bool:
+        raise ValueError(f"{who}: field '{key}' must hold integer node ids, got dtype {value.dtype}")
+    return value.to(torch.int64)
+
+
+def _splits(who: str, data: Any, splits: Mapping[str, Tensor] | None, num_nodes: int) -> list[Tensor]:
+    if splits is not None:
+        unknown = sorted(set(splits) - set(SPLITS))
+        missing = [s for s in SPLITS if s not in splits]
+        if unknown or missing:
+            raise ValueError(f"{who}: splits= needs keys {list(SPLITS)}, got {sorted(splits)}")
+        return [_split_ids(who, f"{s}_idx", splits[s], num_nodes) for s in SPLITS]
+    out = []
+    for s in SPLITS:
+        key = next((k for k in (f"{s}_mask", f"{s}_idx") if _field(data, k) is not None), None)
+        if key is None:
+            raise ValueError(
+                f"{who}: field '{s}_mask' (or '{s}_idx') is missing; pass splits={{'train': ..., 'val': ..., "
+                "'test': ...}} for a graph without a split"
+            )
+        out.append(_split_ids(who, key, _field(data, key), num_nodes))
+    return out
+
+
+def _labels(who: str, y: Any) -> Tensor:
+    if not isinstance(y, Tensor):
+        raise ValueError(f"{who}: field 'y' must be a torch.Tensor, got {type(y).__name__}")
+    y = y.cpu()
+    if y.dim() == 2 and y.shape[1] == 1 and not y.is_floating_point():
+        y = y.reshape(-1)  # [N, 1] class ids (OGB's layout)
+    if y.dim() == 1 and not y.is_floating_point():
+        return y.to(torch.int64)
+    if y.dim() == 2:
+        return y.to(torch.float32)  # multi-label 0/1, checked by validate_dataset
+    return y  # validate_dataset names what is wrong with it
+
+
+def from_pyg(
+    data: Any,
+    name: str = "pyg",
+    splits: Mapping[str, Tensor] | None = None,
+    make_undirected: bool = False,
+    metric: str = "accuracy",
+    num_classes: int | None = None,
+) -> GraphDataset:
+    """Convert a homogeneous ``torch_geometric.data.Data`` with ``edge_index``, ``x`` and ``y``.
+
+    An edge ``edge_index[:, e] = (u, v)`` makes ``u`` an in-neighbour of ``v``: PyG's default
+    ``source_to_target`` flow, where ``v`` aggregates the messages of ``u``. Directed graphs stay
+    directed unless ``make_undirected``. Self loops and duplicate edges are dropped (models add
+    their own self loop, eq. 2). Splits come from ``splits`` (``train``/``val``/``test`` to a mask
+    or node ids) or else from the fields ``train_mask``/``val_mask``/``test_mask`` (or
+    ``*_idx``). ``y``: int64 ``[N]`` (or ``[N, 1]``) classes, or float 0/1 ``[N, T]`` multi-label;
+    ``num_classes`` defaults to ``max(y) + 1`` or ``T``. Features are taken as they are (normalise
+    with PyG's transforms). The result is checked by ``validate_dataset``, as every loader's is.
+    """
+    who = f"{name} (torch_geometric Data)"
+    for key in ("edge_index", "x", "y"):
+        if _field(data, key) is None:
+            raise ValueError(f"{who}: field '{key}' is missing")
+    x = _field(data, "x")
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{who}: field 'x' must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"{who}: field 'x' has shape {tuple(x.shape)}, expected [N, F]")
+    num_nodes = int(x.shape[0])
+    declared = _field(data, "num_nodes")
+    if declared is not None and int(declared) != num_nodes:
+        raise ValueError(f"{who}: field 'x' has {num_nodes} rows but the graph has num_nodes={int(declared)}")
+    if num_nodes < 1:
+        raise ValueError(f"{who}: field 'x' has no rows (an empty graph)")
+    src, dst = _edges(who, _field(data, "edge_index"), num_nodes)
+    graph = CSRGraph.from_edges(src, dst, num_nodes, symmetrize=make_undirected)
+    features = x.detach().cpu()
+    if not features.is_complex():  # validate_dataset rejects what cannot be float32
+        features = features.to(torch.float32)
+    labels = _labels(who, _field(data, "y"))
+    if num_classes is None:
+        if labels.dim() == 2:
+            num_classes = int(labels.shape[1])
+        else:
+            num_classes = int(labels.max()) + 1 if labels.numel() else 0
+    train_idx, val_idx, test_idx = _splits(who, data, splits, num_nodes)
+    ds = GraphDataset(
+        name=name,
+        graph=graph,
+        features=features.contiguous(),
+        labels=labels.contiguous(),
+        train_idx=train_idx,
+        val_idx=val_idx,
+        test_idx=test_idx,
+        num_classes=int(num_classes),
+        metric=metric,
+    )
+    return validate_dataset(ds, source="torch_geometric Data")
+
+
+def to_pyg_data(dataset: GraphDataset) -> Any:
+    """The dataset as a ``torch_geometric.data.Data``: ``edge_index`` (source row 0, target
+    row 1: one edge ``u -> v`` per in-neighbour ``u`` of ``v``), ``x``, ``y`` and the three split
+    masks."""
+    import_pyg()
+    from torch_geometric.data import Data
+
+    graph = dataset.graph
+    masks = {
+        f"{s}_mask": split_mask(graph.num_nodes, idx)
+        for s, idx in zip(SPLITS, (dataset.train_idx, dataset.val_idx, dataset.test_idx))
+    }
+    return Data(
+        x=dataset.features,
+        edge_index=torch.stack([graph.indices, graph.row_ids()]),
+        y=dataset.labels,
+        num_nodes=graph.num_nodes,
+        **masks,
+    )
+
+
+def _resolve_class(dataset: str | type) -> type:
+    if isinstance(dataset, type):
+        return dataset
+    module_name, _, attr = str(dataset).rpartition(".")
+    if not module_name:
+        raise ValueError(
+            f"PyG dataset class {dataset!r} must be a dotted path, e.g. torch_geometric.datasets.Planetoid"
+        )
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"PyG dataset class {dataset!r} not found ({err})") from err
+
+
+def load_pyg_dataset(
+    dataset: str | type,
+    root: str | Path,
+    name: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    index: int = 0,
+    splits: Mapping[str, Tensor] | None = None,
+    make_undirected: bool = False,
+    metric: str = "accuracy",
+) -> GraphDataset:
+    """Graph ``index`` of a PyG dataset class (e.g. ``torch_geometric.datasets.Planetoid`` with
+    ``kwargs={"name": "Cora"}``), converted by ``from_pyg``.
+
+    PyG downloads into ``root`` when the files are missing; when that fails (no network) this
+    raises a one-line ``FileNotFoundError`` saying where the files are expected.
+    """
+    import_pyg()
+    cls = _resolve_class(dataset)
+    kwargs = dict(kwargs or {})
+    label = f"{cls.__name__}(name={kwargs['name']!r})" if "name" in kwargs else cls.__name__
+    root = Path(root)
+    try:
+        pyg_dataset = cls(root=str(root), **kwargs)
+    except OSError as err:  # URLError, aiohttp's connection errors and socket errors are OSErrors
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise FileNotFoundError(
+            f"PyG dataset {label}: files not found under {root} and the download failed ({reason}); "
+            f"run once with network access or copy PyG's raw files under {root}"
+        ) from err
+    return from_pyg(
+        pyg_dataset[index],
+        name=name or str(kwargs.get("name", cls.__name__)).lower(),
+        splits=splits,
+        make_undirected=make_undirected,
+        metric=metric,
+    )
