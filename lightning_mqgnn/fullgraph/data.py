@@ -39,6 +39,19 @@ def partition_batch(
     )
 
 
+class PartitionLoader:
+    """A loader of exactly one ``PartitionBatch`` (Lightning reads a list as several loaders)."""
+
+    def __init__(self, batch: PartitionBatch):
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self):
+        yield self.batch
+
+
 class FullGraphDataModule(pl.LightningDataModule):
     """Serves each rank its partition of ``dataset`` as the single batch of every epoch (training,
     validation and test alike; the masks pick the split).
@@ -115,16 +128,16 @@ class FullGraphDataModule(pl.LightningDataModule):
             book.save(self.book_path)
         return book
 
-    def _loader(self) -> list[PartitionBatch]:
+    def _loader(self) -> PartitionLoader:
         if self.batch is None:
             raise RuntimeError("FullGraphDataModule.setup() has not run")
-        return [self.batch]
+        return PartitionLoader(self.batch)
 
-    def train_dataloader(self) -> list[PartitionBatch]:
+    def train_dataloader(self) -> PartitionLoader:
         return self._loader()
 
-    def val_dataloader(self) -> list[PartitionBatch]:
+    def val_dataloader(self) -> PartitionLoader:
         return self._loader()
 
-    def test_dataloader(self) -> list[PartitionBatch]:
+    def test_dataloader(self) -> PartitionLoader:
         return self._loader()
