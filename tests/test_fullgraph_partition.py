@@ -3,6 +3,8 @@ blocks that reproduce the full graph's aggregation, and refusal of books from ot
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -82,3 +84,11 @@ def test_empty_partition_is_refused():
     book = PartitionBook(parts, 3, "x", "metis")
     with pytest.raises(ValueError, match=r"left parts \[2\] empty"):
         book.check_nonempty()
+
+
+def test_missing_pymetis_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pymetis", None)  # import pymetis now raises ImportError
+    ds = _dataset()
+    with pytest.raises(ImportError, match=r"pip install 'lightning_mqgnn\[fullgraph\]'"):
+        FullGraphDataModule(ds).partition_book(2)
+    assert FullGraphDataModule(ds, partitioner="random").partition_book(1).num_parts == 1

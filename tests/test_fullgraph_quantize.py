@@ -57,38 +57,44 @@ def test_constant_and_empty_rows():
     assert dequantize(quantize(torch.empty(0, 5), 2)).shape == (0, 5)
 
 
+def test_target_is_the_fewest_bits_whose_predicted_noise_fits_the_drift():
+    rule = AdaptiveRule(noise_to_drift=1.0)
+    # noise 0.05 measured at 4 bits predicts 0.25 at 2 bits and 0.0029 at 8 bits
+    assert rule.target_bits(4, noise=0.05, drift=0.5) == 2
+    assert rule.target_bits(4, noise=0.05, drift=0.05) == 4
+    assert rule.target_bits(4, noise=0.05, drift=0.01) == 8
+    assert rule.target_bits(4, noise=0.05, drift=0.0) == 8  # nothing fits: the finest width
+
+
 def test_rule_goes_up_and_down_and_falls_back_to_fresh():
-    c = BitWidthController(AdaptiveRule(initial_bits=4, raise_above=0.2, lower_below=0.05, fresh_above=1.0))
+    c = BitWidthController(AdaptiveRule(initial_bits=4, noise_to_drift=1.0, divergence_tol=0.25))
     assert c.policy().fresh and c.policy().bits is None  # first epoch: nothing stale to use
-    c.update(drift=0.3, loss=1.0, best_loss=float("inf"))
-    assert c.policy().bits == 8 and not c.policy().fresh  # fast-changing messages: more bits
-    c.update(drift=0.3, loss=0.9, best_loss=1.0)
-    assert c.policy().bits == 8  # capped
-    c.update(drift=0.1, loss=0.8, best_loss=0.9)
-    assert c.policy().bits == 8  # between the thresholds: unchanged
-    c.update(drift=0.01, loss=0.7, best_loss=0.8)
-    assert c.policy().bits == 4
-    c.update(drift=0.01, loss=0.6, best_loss=0.7)
-    c.update(drift=0.01, loss=0.6, best_loss=0.6)
-    assert c.policy().bits == 2  # floor
-    c.update(drift=1.5, loss=0.6, best_loss=0.6)  # stale rows would be far off: fresh exact
+    c.update(drift=0.5, noise=None, loss=1.0, best_loss=float("inf"))
+    assert not c.policy().fresh and c.policy().bits == 4  # nothing measured yet: width kept
+    c.update(drift=0.5, noise=0.05, loss=0.9, best_loss=1.0)
+    assert c.policy().bits == 2  # fast-changing messages: coarser codes suffice
+    c.update(drift=0.01, noise=0.25, loss=0.8, best_loss=0.9)
+    assert c.policy().bits == 4  # settled messages: one step towards 8 per epoch
+    c.update(drift=0.01, noise=0.05, loss=0.7, best_loss=0.8)
+    assert c.policy().bits == 8
+    c.update(drift=0.01, noise=0.003, loss=0.7, best_loss=0.7)
+    assert c.policy().bits == 8 and not c.policy().fresh
+    c.update(drift=0.01, noise=0.003, loss=0.9, best_loss=0.7)  # loss diverges: fresh exact
     assert c.policy().fresh and c.policy().bits is None
-    c.update(drift=0.1, loss=0.6, best_loss=0.6)
-    assert not c.policy().fresh
-    c.update(drift=0.1, loss=0.9, best_loss=0.6)  # loss diverges: fresh exact
+    c.update(drift=0.5, noise=None, loss=0.6, best_loss=0.7)
+    assert not c.policy().fresh and c.policy().bits == 8
+    c.update(drift=float("nan"), noise=0.003, loss=float("nan"), best_loss=0.6)  # NaN loss: fresh
     assert c.policy().fresh
-    c.update(drift=0.1, loss=0.6, best_loss=0.6)
-    assert not c.policy().fresh and c.policy().bits == 4
 
 
 def test_rule_without_quantisation_sends_float32():
     c = BitWidthController(AdaptiveRule(), quantize=False)
-    c.update(drift=0.1, loss=1.0, best_loss=float("inf"))
+    c.update(drift=0.1, noise=None, loss=1.0, best_loss=float("inf"))
     assert c.policy().bits is None and not c.policy().fresh
 
 
 def test_rule_thresholds_are_checked():
-    with pytest.raises(ValueError, match="lower_below < raise_above"):
-        AdaptiveRule(raise_above=0.01, lower_below=0.05)
+    with pytest.raises(ValueError, match="noise_to_drift"):
+        AdaptiveRule(noise_to_drift=0.0)
     with pytest.raises(ValueError, match="initial_bits"):
         AdaptiveRule(initial_bits=3)

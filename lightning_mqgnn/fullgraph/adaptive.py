@@ -2,17 +2,21 @@
 (layer, direction) of halo messages.
 
 Every rank measures, on the exact rows it sends, the relative drift of the message since the
-previous epoch, ``drift = ||x_t - x_{t-1}|| / ||x_t||``; the sums are all-reduced, so every rank
-applies the rule to the same numbers and picks the same policy for the next epoch:
+previous epoch, ``drift = ||x_t - x_{t-1}|| / ||x_t||`` (how wrong the one-epoch-stale copy is),
+and the relative error of the quantised message, ``noise = ||x̂_t - x_t|| / ||x_t||``. The sums
+are all-reduced with the weight gradients, so every rank applies the rule to the same numbers and
+picks the same policy for the next epoch:
 
-* **bits**: ``drift > raise_above`` -> one step up in (2, 4, 8); ``drift < lower_below`` -> one
-  step down; otherwise unchanged. Messages that change fast carry new information that coarse
-  codes would blur; messages that barely change are refreshed every epoch anyway, and the
-  unbiased rounding noise of independent epochs averages out in the weights, so fewer bits do.
-* **fresh exact fallback**: when the stale halo would be far off (``drift > fresh_above``: using
-  last epoch's rows errs by about ``drift``), or the global training loss diverges (rises above
-  ``(1 + divergence_tol)`` times its lowest value so far), the next ``fresh_epochs`` epochs
-  exchange exact float32 messages synchronously, as graph-parallel training does.
+* **bits**: stochastic rounding adds noise proportional to the step ``range / (2^b - 1)``, so the
+  noise at width ``b'`` is predicted as ``noise * (2^b - 1) / (2^b' - 1)``. The target is the
+  fewest bits whose predicted noise stays within ``noise_to_drift`` times the drift: quantising
+  more finely than the staleness error the pipeline already accepts buys nothing, more coarsely
+  lets quantisation dominate. The width moves one step (2, 4, 8) towards the target per epoch, up
+  when messages settle (small drift), down when they change fast.
+* **fresh exact fallback**: when the global training loss diverges (rises above
+  ``(1 + divergence_tol)`` times its lowest value so far) or is not finite, the next
+  ``fresh_epochs`` epochs exchange exact float32 messages synchronously, as graph-parallel
+  training does, so stale and quantised halos cannot keep a divergence going.
 
 The first epoch is always fresh: there is no earlier halo to be stale with.
 """
@@ -39,24 +43,31 @@ class AdaptiveRule:
     """Thresholds of the rule (see the module docstring)."""
 
     initial_bits: int = 4
-    raise_above: float = 0.2
-    lower_below: float = 0.05
-    fresh_above: float = 1.0
+    noise_to_drift: float = 1.0
     divergence_tol: float = 0.25
     fresh_epochs: int = 1
 
     def __post_init__(self) -> None:
         if self.initial_bits not in BIT_WIDTHS:
             raise ValueError(f"initial_bits must be one of {BIT_WIDTHS}, got {self.initial_bits}")
-        if not 0 <= self.lower_below < self.raise_above < self.fresh_above:
+        if not self.noise_to_drift > 0:
+            raise ValueError(f"noise_to_drift must be > 0, got {self.noise_to_drift}")
+        if self.fresh_epochs < 1 or self.divergence_tol < 0:
             raise ValueError(
-                "adaptive rule needs 0 <= lower_below < raise_above < fresh_above, got "
-                f"{self.lower_below}, {self.raise_above}, {self.fresh_above}"
+                f"fresh_epochs must be >= 1 and divergence_tol >= 0, got {self.fresh_epochs}, {self.divergence_tol}"
             )
+
+    def target_bits(self, bits: int, noise: float, drift: float) -> int:
+        """The fewest bits whose predicted quantisation noise is within ``noise_to_drift * drift``."""
+        levels = (1 << bits) - 1
+        for b in BIT_WIDTHS:
+            if noise * levels / ((1 << b) - 1) <= self.noise_to_drift * drift:
+                return b
+        return BIT_WIDTHS[-1]
 
 
 class BitWidthController:
-    """Policy of one (layer, direction) from the all-reduced drift and loss of each epoch."""
+    """Policy of one (layer, direction) from the all-reduced drift, noise and loss of each epoch."""
 
     def __init__(self, rule: AdaptiveRule, quantize: bool = True):
         self.rule = rule
@@ -69,17 +80,21 @@ class BitWidthController:
         fresh = self.fresh_left > 0
         return MessagePolicy(fresh=fresh, bits=None if fresh or not self.quantize else self.bits)
 
-    def update(self, drift: float, loss: float, best_loss: float) -> None:
-        """End of an epoch: advance to the next epoch's policy."""
+    def update(self, drift: float, noise: float | None, loss: float, best_loss: float) -> None:
+        """End of an epoch: advance to the next epoch's policy. ``noise`` is None when this
+        epoch's messages were not quantised (nothing measured: the width stays)."""
         current = self.policy()
         self.history.append((current.bits, current.fresh, drift))
         self.fresh_left = max(0, self.fresh_left - 1)
         r = self.rule
-        diverging = math.isfinite(best_loss) and loss > (1.0 + r.divergence_tol) * best_loss
-        if drift > r.fresh_above or diverging or not math.isfinite(loss):
+        if not math.isfinite(loss) or (
+            math.isfinite(best_loss) and loss > (1.0 + r.divergence_tol) * best_loss
+        ):
             self.fresh_left = max(self.fresh_left, r.fresh_epochs)
-        i = BIT_WIDTHS.index(self.bits)
-        if drift > r.raise_above:
-            self.bits = BIT_WIDTHS[min(i + 1, len(BIT_WIDTHS) - 1)]
-        elif drift < r.lower_below:
-            self.bits = BIT_WIDTHS[max(i - 1, 0)]
+        if noise is not None and current.bits is not None:
+            target = r.target_bits(current.bits, noise, drift)
+            i = BIT_WIDTHS.index(self.bits)
+            if target > self.bits:
+                self.bits = BIT_WIDTHS[i + 1]
+            elif target < self.bits:
+                self.bits = BIT_WIDTHS[i - 1]

@@ -13,6 +13,7 @@ from lightning_mqgnn.fullgraph.partition import (
     PARTITIONERS,
     PartitionBook,
     graph_fingerprint,
+    import_pymetis,
     metis_partition,
     random_partition,
 )
@@ -113,6 +114,8 @@ class FullGraphDataModule(pl.LightningDataModule):
                     f"{self.book_path}: partition book has {book.num_parts} parts, the run has {world} ranks"
                 )
             return book
+        if self.partitioner == "metis":
+            import_pymetis()  # on every rank: a rank-0-only failure would leave the others in the broadcast
         rank = self.rank_and_world()[0]
         if rank == 0:
             partition = metis_partition if self.partitioner == "metis" else random_partition

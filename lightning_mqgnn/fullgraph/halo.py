@@ -42,6 +42,7 @@ class _Channel:
     previous_sent: Tensor | None = None
     drift_sq: float = 0.0
     norm_sq: float = 0.0
+    noise_sq: float = 0.0
     ages: list[int] = field(default_factory=list)
 
 
@@ -84,7 +85,7 @@ class HaloExchanger:
     def begin_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         for ch in self.channels.values():
-            ch.drift_sq = ch.norm_sq = 0.0
+            ch.drift_sq = ch.norm_sq = ch.noise_sq = 0.0
 
     def with_halo(self, layer: int, h: Tensor) -> Tensor:
         """``[h ; halo rows]`` for a training forward: differentiable, halo gradients go back to
@@ -102,17 +103,22 @@ class HaloExchanger:
         return sorted(self.channels)
 
     def signals(self) -> Tensor:
-        """This epoch's local (drift^2, norm^2) per channel, in ``channel_keys`` order."""
-        values = [(self.channels[k].drift_sq, self.channels[k].norm_sq) for k in self.channel_keys()]
+        """This epoch's local (drift^2, noise^2, norm^2) per channel, in ``channel_keys`` order."""
+        values = [
+            (c.drift_sq, c.noise_sq, c.norm_sq) for c in (self.channels[k] for k in self.channel_keys())
+        ]
         return torch.tensor(values, dtype=torch.float64).reshape(-1)
 
     def end_epoch(self, global_signals: Tensor, loss: float, best_loss: float) -> None:
         """Apply the adaptive rule to the all-reduced signals (identical on every rank)."""
-        pairs = global_signals.reshape(-1, 2).tolist()
-        for key, (drift_sq, norm_sq) in zip(self.channel_keys(), pairs):
+        triples = global_signals.reshape(-1, 3).tolist()
+        for key, (drift_sq, noise_sq, norm_sq) in zip(self.channel_keys(), triples):
             drift = (drift_sq / norm_sq) ** 0.5 if norm_sq > 0 else 0.0
+            noise = (noise_sq / norm_sq) ** 0.5 if norm_sq > 0 else 0.0
             if self.mode == "stale":
-                self.channels[key].controller.update(drift, loss, best_loss)
+                controller = self.channels[key].controller
+                quantised = controller.policy().bits is not None
+                controller.update(drift, noise if quantised else None, loss, best_loss)
 
     def policies(self) -> dict[tuple[int, str], MessagePolicy]:
         return {k: self._policy(k) for k in self.channel_keys()}
@@ -142,15 +148,21 @@ class HaloExchanger:
             raise RuntimeError("halo exchanger is closed")
         return self._executor.submit(job)
 
-    def _launch(self, rows: list[Tensor], recv_counts: list[int], bits: int | None):
-        """Encode ``rows[p]`` for every peer and return the job that exchanges and decodes them."""
+    def _launch(
+        self, rows: list[Tensor], recv_counts: list[int], bits: int | None, channel: _Channel | None = None
+    ):
+        """Encode ``rows[p]`` for every peer and return the job that exchanges and decodes them;
+        with ``channel``, add the quantisation error to its measured noise."""
         cols = next((r.shape[1] for r in rows if r.dim() == 2), 0)
         rows = [r.detach().to("cpu", torch.float32) for r in rows]  # messages travel through gloo on the CPU
         if bits is None:
             sends = [r.contiguous() for r in rows]
             recvs = [torch.empty(n, cols, dtype=torch.float32) for n in recv_counts]
         else:
-            sends = [quantize(r, bits, self.generator).to_bytes() for r in rows]
+            codes = [quantize(r, bits, self.generator) for r in rows]
+            if channel is not None:
+                channel.noise_sq += sum(float((dequantize(c) - r).pow(2).sum()) for c, r in zip(codes, rows))
+            sends = [c.to_bytes() for c in codes]
             recvs = [torch.empty(message_bytes(n, cols, bits), dtype=torch.uint8) for n in recv_counts]
         self.bytes_sent += sum(s.numel() * s.element_size() for s in sends)
         tag = self._tag
@@ -188,7 +200,7 @@ class HaloExchanger:
         if ch.pending is not None:  # last epoch's exchange: needed now when stale, else only finished
             ch.latest, ch.latest_epoch = self._wait(ch.pending), ch.pending_epoch
             ch.pending = None
-        job = self._launch(rows, recv_counts, policy.bits)
+        job = self._launch(rows, recv_counts, policy.bits, ch)
         if policy.fresh or ch.latest is None:
             ch.latest, ch.latest_epoch = self._wait(self._run(job)), self.epoch
             ch.ages.append(0)

@@ -33,8 +33,8 @@ def graph_fingerprint(graph: CSRGraph) -> str:
     return digest.hexdigest()
 
 
-def metis_partition(graph: CSRGraph, num_parts: int, seed: int = 0) -> Tensor:
-    """Owner of every node from METIS k-way partitioning (minimal edge cut, balanced parts)."""
+def import_pymetis():
+    """pymetis, imported on first use: only the metis partitioner needs it."""
     try:
         import pymetis
     except ImportError as err:
@@ -42,6 +42,12 @@ def metis_partition(graph: CSRGraph, num_parts: int, seed: int = 0) -> Tensor:
             "metis partitioning needs pymetis: pip install 'lightning_mqgnn[fullgraph]' "
             "(or pass partitioner='random')"
         ) from err
+    return pymetis
+
+
+def metis_partition(graph: CSRGraph, num_parts: int, seed: int = 0) -> Tensor:
+    """Owner of every node from METIS k-way partitioning (minimal edge cut, balanced parts)."""
+    pymetis = import_pymetis()
     if num_parts == 1:
         return torch.zeros(graph.num_nodes, dtype=torch.int64)
     adjacency = pymetis.CSRAdjacency(graph.indptr.numpy(), graph.indices.numpy())
