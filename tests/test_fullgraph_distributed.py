@@ -17,6 +17,8 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).parent))
 import _fullgraph_ranks as ranks  # noqa: E402
 
+from lightning_mqgnn.fullgraph import PartitionBook  # noqa: E402
+
 pytestmark = pytest.mark.distributed
 
 
@@ -72,6 +74,17 @@ def test_graph_parallel_equals_single_process(equivalence_reports, conv):
             for g, ref in zip(grads, ref_grads):
                 torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-6)
         assert all(age == 0 for a in ages.values() for age in a)  # synchronous: never stale
+
+
+def test_bytes_are_the_halo_rows_times_width(equivalence_reports):
+    ds = ranks.small_dataset()
+    book = PartitionBook.build(ds.graph, ranks.WORLD, "metis", seed=0)
+    for rank, report in equivalence_reports.items():
+        part = book.local(ds.graph, rank, "gcn")
+        sent_rows = sum(int(i.numel()) for i in part.send_idx)
+        # 3 steps x layers 1 and 2 (hidden 16, float32): features of sent rows, gradients of halo rows
+        expected = 3 * 2 * (sent_rows + part.num_halo) * 16 * 4
+        assert report[("sync", "gcn")][3] == expected
 
 
 def test_stale_halo_is_exactly_one_epoch_old(equivalence_reports):

@@ -67,29 +67,33 @@ def test_target_is_the_fewest_bits_whose_predicted_noise_fits_the_drift():
 
 
 def test_rule_goes_up_and_down_and_falls_back_to_fresh():
-    c = BitWidthController(AdaptiveRule(initial_bits=4, noise_to_drift=1.0, divergence_tol=0.25))
+    c = BitWidthController(AdaptiveRule(initial_bits=4, noise_to_drift=1.0, divergence_tol=0.1))
     assert c.policy().fresh and c.policy().bits is None  # first epoch: nothing stale to use
-    c.update(drift=0.5, noise=None, loss=1.0, best_loss=float("inf"))
+    c.update(drift=0.5, noise=None, loss=1.0, best_loss=float("inf"), first_loss=1.0)
     assert not c.policy().fresh and c.policy().bits == 4  # nothing measured yet: width kept
-    c.update(drift=0.5, noise=0.05, loss=0.9, best_loss=1.0)
+    c.update(drift=0.5, noise=0.05, loss=0.9, best_loss=1.0, first_loss=1.0)
     assert c.policy().bits == 2  # fast-changing messages: coarser codes suffice
-    c.update(drift=0.01, noise=0.25, loss=0.8, best_loss=0.9)
+    c.update(drift=0.01, noise=0.25, loss=0.8, best_loss=0.9, first_loss=1.0)
     assert c.policy().bits == 4  # settled messages: one step towards 8 per epoch
-    c.update(drift=0.01, noise=0.05, loss=0.7, best_loss=0.8)
+    c.update(drift=0.01, noise=0.05, loss=0.7, best_loss=0.8, first_loss=1.0)
     assert c.policy().bits == 8
-    c.update(drift=0.01, noise=0.003, loss=0.7, best_loss=0.7)
+    c.update(drift=0.01, noise=0.003, loss=0.7, best_loss=0.7, first_loss=1.0)
     assert c.policy().bits == 8 and not c.policy().fresh
-    c.update(drift=0.01, noise=0.003, loss=0.9, best_loss=0.7)  # loss diverges: fresh exact
+    c.update(drift=0.01, noise=0.003, loss=0.9, best_loss=0.7, first_loss=1.0)  # loss diverges: fresh exact
     assert c.policy().fresh and c.policy().bits is None
-    c.update(drift=0.5, noise=None, loss=0.6, best_loss=0.7)
+    c.update(drift=0.5, noise=None, loss=0.6, best_loss=0.7, first_loss=1.0)
     assert not c.policy().fresh and c.policy().bits == 8
-    c.update(drift=float("nan"), noise=0.003, loss=float("nan"), best_loss=0.6)  # NaN loss: fresh
+    c.update(drift=float("nan"), noise=0.003, loss=float("nan"), best_loss=0.6, first_loss=1.0)  # NaN: fresh
     assert c.policy().fresh
+    c.update(drift=0.5, noise=None, loss=0.6, best_loss=0.6, first_loss=1.0)
+    # near zero, a 30% rise is small against the first epoch's loss: no fallback
+    c.update(drift=0.5, noise=0.003, loss=0.013, best_loss=0.01, first_loss=1.0)
+    assert not c.policy().fresh
 
 
 def test_rule_without_quantisation_sends_float32():
     c = BitWidthController(AdaptiveRule(), quantize=False)
-    c.update(drift=0.1, noise=None, loss=1.0, best_loss=float("inf"))
+    c.update(drift=0.1, noise=None, loss=1.0, best_loss=float("inf"), first_loss=1.0)
     assert c.policy().bits is None and not c.policy().fresh
 
 

@@ -13,8 +13,9 @@ picks the same policy for the next epoch:
   more finely than the staleness error the pipeline already accepts buys nothing, more coarsely
   lets quantisation dominate. The width moves one step (2, 4, 8) towards the target per epoch, up
   when messages settle (small drift), down when they change fast.
-* **fresh exact fallback**: when the global training loss diverges (rises above
-  ``(1 + divergence_tol)`` times its lowest value so far) or is not finite, the next
+* **fresh exact fallback**: when the global training loss diverges (rises above its lowest value
+  so far by more than ``divergence_tol`` times the first epoch's loss, a scale that stays
+  meaningful when the loss nears zero) or is not finite, the next
   ``fresh_epochs`` epochs exchange exact float32 messages synchronously, as graph-parallel
   training does, so stale and quantised halos cannot keep a divergence going.
 
@@ -80,16 +81,17 @@ class BitWidthController:
         fresh = self.fresh_left > 0
         return MessagePolicy(fresh=fresh, bits=None if fresh or not self.quantize else self.bits)
 
-    def update(self, drift: float, noise: float | None, loss: float, best_loss: float) -> None:
+    def update(
+        self, drift: float, noise: float | None, loss: float, best_loss: float, first_loss: float
+    ) -> None:
         """End of an epoch: advance to the next epoch's policy. ``noise`` is None when this
         epoch's messages were not quantised (nothing measured: the width stays)."""
         current = self.policy()
         self.history.append((current.bits, current.fresh, drift))
         self.fresh_left = max(0, self.fresh_left - 1)
         r = self.rule
-        if not math.isfinite(loss) or (
-            math.isfinite(best_loss) and loss > (1.0 + r.divergence_tol) * best_loss
-        ):
+        rise = loss - best_loss if math.isfinite(best_loss) else 0.0
+        if not math.isfinite(loss) or rise > r.divergence_tol * abs(first_loss):
             self.fresh_left = max(self.fresh_left, r.fresh_epochs)
         if noise is not None and current.bits is not None:
             target = r.target_bits(current.bits, noise, drift)

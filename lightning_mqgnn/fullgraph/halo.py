@@ -75,7 +75,8 @@ class HaloExchanger:
         self.generator = torch.Generator().manual_seed(seed * 1_000_003 + part.rank)
         self.epoch = 0
         self.channels: dict[tuple[int, str], _Channel] = {}
-        self.bytes_sent = 0  # payload of every message this rank launched
+        self.bytes_sent = 0  # payload of every training message this rank launched
+        self.eval_bytes_sent = 0  # and of the exact exchanges of evaluation
         self.wait_s = 0.0  # time the training thread waited for exchanges
         self._tag = 0
         self._send_all = torch.cat(part.send_idx) if part.send_idx else torch.empty(0, dtype=torch.int64)
@@ -96,7 +97,8 @@ class HaloExchanger:
 
     def exact(self, layer: int, h: Tensor) -> Tensor:
         """``[h ; halo rows]`` exchanged fresh and exact, without gradients (evaluation)."""
-        halo = self._run(self._launch(self._split_sends(h.detach()), self.part.recv_counts, None)).result()
+        job = self._launch(self._split_sends(h.detach()), self.part.recv_counts, None, training=False)
+        halo = self._run(job).result()
         return torch.cat([h, halo.to(h.device, h.dtype)])
 
     def channel_keys(self) -> list[tuple[int, str]]:
@@ -109,8 +111,8 @@ class HaloExchanger:
         ]
         return torch.tensor(values, dtype=torch.float64).reshape(-1)
 
-    def end_epoch(self, global_signals: Tensor, loss: float, best_loss: float) -> None:
-        """Apply the adaptive rule to the all-reduced signals (identical on every rank)."""
+    def end_epoch(self, global_signals: Tensor, loss: float, best_loss: float, first_loss: float) -> None:
+        """Apply the adaptive rule to the all-reduced signals and losses (identical on every rank)."""
         triples = global_signals.reshape(-1, 3).tolist()
         for key, (drift_sq, noise_sq, norm_sq) in zip(self.channel_keys(), triples):
             drift = (drift_sq / norm_sq) ** 0.5 if norm_sq > 0 else 0.0
@@ -118,7 +120,7 @@ class HaloExchanger:
             if self.mode == "stale":
                 controller = self.channels[key].controller
                 quantised = controller.policy().bits is not None
-                controller.update(drift, noise if quantised else None, loss, best_loss)
+                controller.update(drift, noise if quantised else None, loss, best_loss, first_loss)
 
     def policies(self) -> dict[tuple[int, str], MessagePolicy]:
         return {k: self._policy(k) for k in self.channel_keys()}
@@ -149,7 +151,12 @@ class HaloExchanger:
         return self._executor.submit(job)
 
     def _launch(
-        self, rows: list[Tensor], recv_counts: list[int], bits: int | None, channel: _Channel | None = None
+        self,
+        rows: list[Tensor],
+        recv_counts: list[int],
+        bits: int | None,
+        channel: _Channel | None = None,
+        training: bool = True,
     ):
         """Encode ``rows[p]`` for every peer and return the job that exchanges and decodes them;
         with ``channel``, add the quantisation error to its measured noise."""
@@ -164,7 +171,11 @@ class HaloExchanger:
                 channel.noise_sq += sum(float((dequantize(c) - r).pow(2).sum()) for c, r in zip(codes, rows))
             sends = [c.to_bytes() for c in codes]
             recvs = [torch.empty(message_bytes(n, cols, bits), dtype=torch.uint8) for n in recv_counts]
-        self.bytes_sent += sum(s.numel() * s.element_size() for s in sends)
+        sent = sum(s.numel() * s.element_size() for s in sends)
+        if training:
+            self.bytes_sent += sent
+        else:
+            self.eval_bytes_sent += sent
         tag = self._tag
         self._tag = (self._tag + 1) % (1 << 24)
         transport = self.transport
@@ -192,15 +203,16 @@ class HaloExchanger:
         epoch's when fresh, last epoch's when stale) and records the drift of what was sent."""
         ch = self._channel(key)
         policy = self._policy(key)
-        sent = torch.cat(rows).detach().to("cpu", torch.float32) if rows else torch.empty(0)
-        if ch.previous_sent is not None and ch.previous_sent.shape == sent.shape:
-            ch.drift_sq += float((sent - ch.previous_sent).pow(2).sum())
-        ch.norm_sq += float(sent.pow(2).sum())
-        ch.previous_sent = sent
+        if self.quantize:  # the adaptive rule's inputs; the other modes need none
+            sent = torch.cat(rows).detach().to("cpu", torch.float32) if rows else torch.empty(0)
+            if ch.previous_sent is not None and ch.previous_sent.shape == sent.shape:
+                ch.drift_sq += float((sent - ch.previous_sent).pow(2).sum())
+            ch.norm_sq += float(sent.pow(2).sum())
+            ch.previous_sent = sent
         if ch.pending is not None:  # last epoch's exchange: needed now when stale, else only finished
             ch.latest, ch.latest_epoch = self._wait(ch.pending), ch.pending_epoch
             ch.pending = None
-        job = self._launch(rows, recv_counts, policy.bits, ch)
+        job = self._launch(rows, recv_counts, policy.bits, ch if self.quantize else None)
         if policy.fresh or ch.latest is None:
             ch.latest, ch.latest_epoch = self._wait(self._run(job)), self.epoch
             ch.ages.append(0)

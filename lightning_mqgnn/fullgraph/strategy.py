@@ -181,7 +181,8 @@ class FullGraphStrategy(DDPStrategy):
         self.epoch_losses.append(loss_mean)
         self.epoch_bytes.append(int(flat[-1]))
         self.epoch_times.append(time.perf_counter() - self._epoch_start)
-        ex.end_epoch(flat[:-2].cpu(), loss_mean, self._best_loss)
+        first_loss = self.epoch_losses[0]
+        ex.end_epoch(flat[:-2].cpu(), loss_mean, self._best_loss, first_loss)
         if math.isfinite(loss_mean):
             self._best_loss = min(self._best_loss, loss_mean)
 
