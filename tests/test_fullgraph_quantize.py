@@ -10,6 +10,7 @@ from lightning_mqgnn.fullgraph import AdaptiveRule, BitWidthController
 from lightning_mqgnn.fullgraph.quantize import (
     QuantizedRows,
     dequantize,
+    expected_noise_sq,
     message_bytes,
     pack,
     quantize,
@@ -102,3 +103,12 @@ def test_rule_thresholds_are_checked():
         AdaptiveRule(noise_to_drift=0.0)
     with pytest.raises(ValueError, match="initial_bits"):
         AdaptiveRule(initial_bits=3)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_expected_noise_matches_the_measured_error(bits):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(200, 64, generator=gen)
+    q = quantize(x, bits, gen)
+    measured = float((dequantize(q) - x).pow(2).sum())
+    assert expected_noise_sq(q) == pytest.approx(measured, rel=0.1)

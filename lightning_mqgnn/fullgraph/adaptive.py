@@ -3,7 +3,8 @@
 
 Every rank measures, on the exact rows it sends, the relative drift of the message since the
 previous epoch, ``drift = ||x_t - x_{t-1}|| / ||x_t||`` (how wrong the one-epoch-stale copy is),
-and the relative error of the quantised message, ``noise = ||x̂_t - x_t|| / ||x_t||``. The sums
+and the relative error of the quantised message, ``noise = ||x̂_t - x_t|| / ||x_t||`` (its
+expectation from the per-row steps, ``quantize.expected_noise_sq``). The sums
 are all-reduced with the weight gradients, so every rank applies the rule to the same numbers and
 picks the same policy for the next epoch:
 

@@ -21,7 +21,13 @@ from torch import Tensor
 
 from lightning_mqgnn.fullgraph.adaptive import AdaptiveRule, BitWidthController, MessagePolicy
 from lightning_mqgnn.fullgraph.partition import LocalPartition
-from lightning_mqgnn.fullgraph.quantize import QuantizedRows, dequantize, message_bytes, quantize
+from lightning_mqgnn.fullgraph.quantize import (
+    QuantizedRows,
+    dequantize,
+    expected_noise_sq,
+    message_bytes,
+    quantize,
+)
 from lightning_mqgnn.fullgraph.transport import HaloExchangeError, Transport
 
 MODES = ("sync", "stale")
@@ -159,7 +165,7 @@ class HaloExchanger:
         training: bool = True,
     ):
         """Encode ``rows[p]`` for every peer and return the job that exchanges and decodes them;
-        with ``channel``, add the quantisation error to its measured noise."""
+        with ``channel``, add the expected quantisation error to its noise."""
         cols = next((r.shape[1] for r in rows if r.dim() == 2), 0)
         rows = [r.detach().to("cpu", torch.float32) for r in rows]  # messages travel through gloo on the CPU
         if bits is None:
@@ -168,7 +174,7 @@ class HaloExchanger:
         else:
             codes = [quantize(r, bits, self.generator) for r in rows]
             if channel is not None:
-                channel.noise_sq += sum(float((dequantize(c) - r).pow(2).sum()) for c, r in zip(codes, rows))
+                channel.noise_sq += sum(expected_noise_sq(c) for c in codes)
             sends = [c.to_bytes() for c in codes]
             recvs = [torch.empty(message_bytes(n, cols, bits), dtype=torch.uint8) for n in recv_counts]
         sent = sum(s.numel() * s.element_size() for s in sends)
@@ -206,8 +212,8 @@ class HaloExchanger:
         if self.quantize:  # the adaptive rule's inputs; the other modes need none
             sent = torch.cat(rows).detach().to("cpu", torch.float32) if rows else torch.empty(0)
             if ch.previous_sent is not None and ch.previous_sent.shape == sent.shape:
-                ch.drift_sq += float((sent - ch.previous_sent).pow(2).sum())
-            ch.norm_sq += float(sent.pow(2).sum())
+                ch.drift_sq += float(torch.dist(sent, ch.previous_sent)) ** 2
+            ch.norm_sq += float(torch.linalg.vector_norm(sent)) ** 2
             ch.previous_sent = sent
         if ch.pending is not None:  # last epoch's exchange: needed now when stale, else only finished
             ch.latest, ch.latest_epoch = self._wait(ch.pending), ch.pending_epoch
