@@ -96,6 +96,8 @@ def test_rule_without_quantisation_sends_float32():
     c = BitWidthController(AdaptiveRule(), quantize=False)
     c.update(drift=0.1, noise=None, loss=1.0, best_loss=float("inf"), first_loss=1.0)
     assert c.policy().bits is None and not c.policy().fresh
+    c.update(drift=0.1, noise=None, loss=5.0, best_loss=1.0, first_loss=1.0)  # no fallback in PipeGCN
+    assert c.policy().bits is None and not c.policy().fresh
 
 
 def test_rule_thresholds_are_checked():

@@ -69,7 +69,8 @@ class AdaptiveRule:
 
 
 class BitWidthController:
-    """Policy of one (layer, direction) from the all-reduced drift, noise and loss of each epoch."""
+    """Policy of one (layer, direction) from the all-reduced drift, noise and loss of each epoch.
+    Without ``quantize`` (PipeGCN) every epoch after the first is stale and float32."""
 
     def __init__(self, rule: AdaptiveRule, quantize: bool = True):
         self.rule = rule
@@ -92,7 +93,8 @@ class BitWidthController:
         self.fresh_left = max(0, self.fresh_left - 1)
         r = self.rule
         rise = loss - best_loss if math.isfinite(best_loss) else 0.0
-        if not math.isfinite(loss) or rise > r.divergence_tol * abs(first_loss):
+        diverging = not math.isfinite(loss) or rise > r.divergence_tol * abs(first_loss)
+        if self.quantize and diverging:  # PipeQS only: PipeGCN stays one epoch stale throughout
             self.fresh_left = max(self.fresh_left, r.fresh_epochs)
         if noise is not None and current.bits is not None:
             target = r.target_bits(current.bits, noise, drift)
