@@ -75,9 +75,11 @@ class FullGraphStrategy(DDPStrategy):
         self.exchanger: HaloExchanger | None = None
         self._halo_group: Any = None
         self._best_loss = math.inf
+        self._bytes_mark = 0  # exchanger bytes counted up to the last epoch
         self.epoch_bytes: list[int] = []  # all ranks together, per training epoch
         self.epoch_losses: list[float] = []
         self.epoch_times: list[float] = []
+        self.halo_wait_s = 0.0  # the training thread's waits for exchanges, of closed exchangers
         self._epoch_start = 0.0
 
     @override
@@ -149,16 +151,18 @@ class FullGraphStrategy(DDPStrategy):
         signals and bytes summed, then the adaptive rule advances."""
         ex = self.exchanger
         assert ex is not None
-        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        for p in params:  # every rank must contribute the same layout, used parameters or not
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         grads = [p.grad.reshape(-1) for p in params]
-        bytes_before = getattr(self, "_bytes_mark", 0)
         extra = torch.cat(
             [
                 ex.signals(),
                 torch.tensor(
                     [
                         float(loss.detach()) if loss is not None else math.nan,
-                        float(ex.bytes_sent - bytes_before),
+                        float(ex.bytes_sent - self._bytes_mark),
                     ],
                     dtype=torch.float64,
                 ),
@@ -192,13 +196,14 @@ class FullGraphStrategy(DDPStrategy):
         if not self.epoch_bytes:
             return ""
         mean_bytes = sum(self.epoch_bytes) / len(self.epoch_bytes)
-        wait = self.exchanger.wait_s if self.exchanger is not None else 0.0
+        wait = self.halo_wait_s + (self.exchanger.wait_s if self.exchanger is not None else 0.0)
         return f" comm_bytes={mean_bytes:.0f} halo_wait_s={wait:.2f}"
 
     @override
     def teardown(self) -> None:
         if self.exchanger is not None:
             self.exchanger.close()
+            self.halo_wait_s += self.exchanger.wait_s
             self.exchanger = None
         super().teardown()
 
