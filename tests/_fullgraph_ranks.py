@@ -57,14 +57,22 @@ def reference_run(conv: str, steps: int) -> list[tuple[float, list[torch.Tensor]
     return out
 
 
-def distributed_run(rank: int, conv: str, mode: str, quantize: bool, steps: int, rule=None):
+def distributed_run(
+    rank: int, conv: str, mode: str, quantize: bool, steps: int, rule=None, smoothing: float = 0.0
+):
     """The same training on 4 partitions with halo exchange; gradients averaged as DDP does."""
     ds = small_dataset()
     book = PartitionBook.build(ds.graph, WORLD, "metis", seed=0)
     model = make_model(conv, ds.num_features, ds.num_classes)
     batch = partition_batch(ds, book, rank, model.aggregation)
     ex = HaloExchanger(
-        batch.partition, Transport(rank, WORLD), mode=mode, quantize=quantize, rule=rule, seed=rank
+        batch.partition,
+        Transport(rank, WORLD),
+        mode=mode,
+        quantize=quantize,
+        rule=rule,
+        seed=rank,
+        smoothing=smoothing,
     )
     batch.halo = ex.with_halo
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -119,6 +127,7 @@ def equivalence_rank(rank: int, port: int, queue) -> None:
         for conv in ("gcn", "sage"):
             report[("sync", conv)] = distributed_run(rank, conv, "sync", False, steps=3)
         report["stale"] = distributed_run(rank, "gcn", "stale", False, steps=4)
+        report["smoothed"] = distributed_run(rank, "gcn", "stale", False, steps=4, smoothing=0.8)
         report["pipeqs"] = distributed_run(rank, "gcn", "stale", True, steps=4)
         buffer = io.BytesIO()
         torch.save(report, buffer)  # bytes, not shared-memory tensors: this process exits next

@@ -101,6 +101,17 @@ def test_stale_halo_is_exactly_one_epoch_old(equivalence_reports):
         )
 
 
+def test_smoothing_averages_the_stale_rows_from_the_second_stale_epoch(equivalence_reports):
+    for report in equivalence_reports.values():
+        plain, _, _, _ = report["stale"]
+        smoothed, ages, _, _ = report["smoothed"]
+        assert all(a == [0, 1, 1, 1] for a in ages.values())  # the newest rows: one epoch old
+        # epoch 0 fresh, epoch 1 the first stale one (nothing to average yet): identical
+        for epoch in (0, 1):
+            assert smoothed[epoch][0] == pytest.approx(plain[epoch][0], rel=1e-6)
+        assert smoothed[3][0] != pytest.approx(plain[3][0], rel=1e-6)
+
+
 def test_pipeqs_sends_fewer_bytes_and_stays_close(equivalence_reports):
     reference = ranks.reference_run("gcn", steps=4)
     for report in equivalence_reports.values():

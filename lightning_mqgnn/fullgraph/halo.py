@@ -8,6 +8,12 @@ received for the previous epoch and leave this epoch's exchange in flight while 
 compute, so an epoch's halo features and halo gradients are exactly one epoch old: the staleness
 bound ``MAX_STALENESS`` is checked on every use. The first epoch, and any epoch the
 ``BitWidthController`` sends fresh, is synchronous and exact.
+
+With ``smoothing`` = γ > 0 a stale channel uses the exponential average ``γ s + (1 - γ) x`` of
+the rows it received instead of the newest ``x`` alone (PipeGCN's smoothing of stale features and
+gradients): the average follows the same trajectory, while the epoch-to-epoch error of one-epoch-old
+values, which otherwise feeds back into an oscillating loss, is damped. The newest rows in it are
+still exactly one epoch old.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class _Channel:
     pending_epoch: int = -1
     latest: Tensor | None = None
     latest_epoch: int = -1
+    smoothed: Tensor | None = None
     previous_sent: Tensor | None = None
     drift_sq: float = 0.0
     norm_sq: float = 0.0
@@ -57,7 +64,8 @@ class HaloExchanger:
 
     ``mode="sync"``: every exchange fresh and exact (graph-parallel training). ``mode="stale"``:
     one epoch stale after the first (PipeGCN); with ``quantize`` messages are quantised with the
-    adaptive bit width of ``rule`` (PipeQS).
+    adaptive bit width of ``rule`` (PipeQS). ``smoothing``: the averaging factor of stale rows
+    (module docstring; 0 uses the newest rows as they are).
     """
 
     def __init__(
@@ -68,6 +76,7 @@ class HaloExchanger:
         quantize: bool = False,
         rule: AdaptiveRule | None = None,
         seed: int = 0,
+        smoothing: float = 0.0,
     ):
         if mode not in MODES:
             raise ValueError(f"halo exchange mode must be one of {MODES}, got {mode!r}")
@@ -78,6 +87,9 @@ class HaloExchanger:
         self.mode = mode
         self.quantize = quantize
         self.rule = rule or AdaptiveRule()
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+        self.smoothing = smoothing
         self.generator = torch.Generator().manual_seed(seed * 1_000_003 + part.rank)
         self.epoch = 0
         self.channels: dict[tuple[int, str], _Channel] = {}
@@ -221,6 +233,7 @@ class HaloExchanger:
         job = self._launch(rows, recv_counts, policy.bits, ch if self.quantize else None)
         if policy.fresh or ch.latest is None:
             ch.latest, ch.latest_epoch = self._wait(self._run(job)), self.epoch
+            ch.smoothed = ch.latest
             ch.ages.append(0)
             return ch.latest
         age = self.epoch - ch.latest_epoch
@@ -228,6 +241,9 @@ class HaloExchanger:
             raise RuntimeError(f"halo {key} is {age} epochs stale (bound {MAX_STALENESS})")
         ch.ages.append(age)
         ch.pending, ch.pending_epoch = self._run(job), self.epoch
+        if self.smoothing > 0 and ch.smoothed is not None and ch.smoothed.shape == ch.latest.shape:
+            ch.smoothed = torch.lerp(ch.latest, ch.smoothed, self.smoothing)
+            return ch.smoothed
         return ch.latest
 
 

@@ -48,6 +48,8 @@ class FullGraphStrategy(DDPStrategy):
         transport: builds the ``Transport`` from (rank, world size, process group); the default
             sends with ``isend``/``irecv``. Benchmarks pass one that models a slower link.
         seed: seeds the stochastic rounding (per rank).
+        smoothing: stale modes: exponential averaging factor of the stale halo rows (see
+            ``halo``); without it (0) the loss of a stale run oscillates from epoch to epoch.
         **kwargs: passed to ``DDPStrategy`` (accelerator, start_method, timeout, ...).
     """
 
@@ -59,6 +61,7 @@ class FullGraphStrategy(DDPStrategy):
         halo_timeout_s: float = 60.0,
         transport: TransportFactory | None = None,
         seed: int = 0,
+        smoothing: float = 0.8,
         **kwargs: Any,
     ) -> None:
         if mode not in ("sync", "stale"):
@@ -72,6 +75,7 @@ class FullGraphStrategy(DDPStrategy):
         self.halo_timeout_s = float(halo_timeout_s)
         self.transport_factory = transport or Transport
         self.seed = seed
+        self.smoothing = smoothing
         self.exchanger: HaloExchanger | None = None
         self._halo_group: Any = None
         self._best_loss = math.inf
@@ -107,7 +111,13 @@ class FullGraphStrategy(DDPStrategy):
                 )
             transport = self.transport_factory(self.global_rank, self.world_size, self._halo_group)
             self.exchanger = HaloExchanger(
-                part, transport, mode=self.mode, quantize=self.quantize, rule=self.rule, seed=self.seed
+                part,
+                transport,
+                mode=self.mode,
+                quantize=self.quantize,
+                rule=self.rule,
+                seed=self.seed,
+                smoothing=self.smoothing,
             )
         return self.exchanger
 

@@ -73,7 +73,7 @@ def simulated_link(latency_s: float, bandwidth_bytes_s: float):
     return SimulatedLinkTransport
 
 
-def make_strategy(mode: str, latency_s: float, bandwidth_bytes_s: float, seed: int):
+def make_strategy(mode: str, latency_s: float, bandwidth_bytes_s: float, seed: int, smoothing: float = 0.0):
     from lightning_mqgnn.fullgraph import FullGraphStrategy
 
     class SimulatedLinkStrategy(FullGraphStrategy):
@@ -88,7 +88,11 @@ def make_strategy(mode: str, latency_s: float, bandwidth_bytes_s: float, seed: i
             super()._average(optimizer, loss)
 
     return SimulatedLinkStrategy(
-        transport=simulated_link(latency_s, bandwidth_bytes_s), seed=seed, start_method="fork", **MODES[mode]
+        transport=simulated_link(latency_s, bandwidth_bytes_s),
+        seed=seed,
+        start_method="fork",
+        smoothing=smoothing if MODES[mode]["mode"] == "stale" else 0.0,
+        **MODES[mode],
     )
 
 
@@ -161,7 +165,9 @@ def run(args, dataset, mode: str, workdir: Path) -> dict[str, Any]:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=args.world,
-        strategy=make_strategy(mode, args.latency_ms / 1e3, args.bandwidth_gbit * 1e9 / 8, args.seed),
+        strategy=make_strategy(
+            mode, args.latency_ms / 1e3, args.bandwidth_gbit * 1e9 / 8, args.seed, args.smoothing
+        ),
         max_epochs=args.epochs,
         check_val_every_n_epoch=args.val_every,
         callbacks=[Recorder(out)],
@@ -221,9 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--smoothing", type=float, default=0.8, help="stale modes: halo smoothing factor")
     p.add_argument("--latency-ms", type=float, default=1.0)
     p.add_argument("--bandwidth-gbit", type=float, default=1.0)
-    p.add_argument("--products-scale", type=float, default=0.02, help="products_like nodes: 2.45M x scale")
+    p.add_argument("--products-scale", type=float, default=0.01, help="products_like nodes: 2.45M x scale")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
     args = p.parse_args(argv)
@@ -272,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     header = machine_header("fullgraph", argv)
     header.append(
         f"- {args.world} gloo ranks, METIS partitions, {args.model} {args.layers} layers x {args.hidden}, "
-        f"dropout {args.dropout}, Adam lr {args.lr}, {args.epochs} epochs, seed {args.seed}; SIMULATED link "
+        f"dropout {args.dropout}, Adam lr {args.lr}, {args.epochs} epochs, seed {args.seed}, stale-halo "
+        f"smoothing {args.smoothing}; SIMULATED link "
         f"{args.latency_ms} ms + {args.bandwidth_gbit} Gbit/s per message; epoch time: median from epoch 3, "
         "validation excluded; test at the best validation epoch"
     )
