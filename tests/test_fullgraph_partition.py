@@ -92,3 +92,13 @@ def test_missing_pymetis_is_named(monkeypatch):
     with pytest.raises(ImportError, match=r"pip install 'lightning_mqgnn\[fullgraph\]'"):
         FullGraphDataModule(ds).partition_book(2)
     assert FullGraphDataModule(ds, partitioner="random").partition_book(1).num_parts == 1
+
+
+def test_batch_moves_its_tensors_and_keeps_the_partition():
+    ds = _dataset()
+    batch = partition_batch(ds, PartitionBook.build(ds.graph, 2, "metis"), 0, "gcn")
+    moved = batch.to("meta")
+    assert moved.features.device.type == "meta" and moved.block.weights.device.type == "meta"
+    assert moved.partition is batch.partition and batch.features.device.type == "cpu"
+    dm = FullGraphDataModule(ds)
+    assert dm.transfer_batch_to_device(batch, torch.device("cpu"), 0) is batch

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import torch
 from torch import Tensor
 
 from lightning_mqgnn.fullgraph.partition import LocalPartition
@@ -39,6 +40,18 @@ class PartitionBatch:
         """Factor turning this rank's summed training loss into its share of the global mean, so
         that gradients averaged over ranks (as DDP does) equal the full-graph gradient."""
         return self.world_size / self.num_train_global
+
+    def to(self, device: torch.device | str) -> PartitionBatch:
+        """The batch with its tensors on ``device`` (the partition's index lists stay on the CPU)."""
+        return replace(
+            self,
+            block=self.block.to(device),
+            features=self.features.to(device),
+            labels=self.labels.to(device),
+            train_mask=self.train_mask.to(device),
+            val_mask=self.val_mask.to(device),
+            test_mask=self.test_mask.to(device),
+        )
 
     def with_halo(self, layer: int, h: Tensor) -> Tensor:
         if self.halo is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -135,6 +136,16 @@ class FullGraphDataModule(pl.LightningDataModule):
         if self.batch is None:
             raise RuntimeError("FullGraphDataModule.setup() has not run")
         return PartitionLoader(self.batch)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """The partition's tensors, moved once per device (not walked field by field every epoch)."""
+        if not isinstance(batch, PartitionBatch):
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        if batch.features.device == device:
+            return batch
+        moved = batch.to(device)
+        self.batch = moved  # later epochs start on the device
+        return moved
 
     def train_dataloader(self) -> PartitionLoader:
         return self._loader()

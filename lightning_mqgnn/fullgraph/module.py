@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
@@ -93,26 +91,5 @@ class FullGraphNodeClassifier(pl.LightningModule):
         self._score(batch, batch.test_mask, self.test_metric, "test/metric")
 
     @override
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        if isinstance(batch, PartitionBatch):
-            return batch if device.type == "cpu" else _to_device(batch, device)
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
-
-    @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-
-
-def _to_device(batch: PartitionBatch, device: torch.device) -> PartitionBatch:
-    from dataclasses import replace
-
-    move = lambda t: t.to(device)  # noqa: E731
-    return replace(
-        batch,
-        block=batch.block.to(device),
-        features=move(batch.features),
-        labels=move(batch.labels),
-        train_mask=move(batch.train_mask),
-        val_mask=move(batch.val_mask),
-        test_mask=move(batch.test_mask),
-    )
