@@ -61,31 +61,26 @@ def train(cfg: DictConfig) -> dict[str, float]:
     pl.seed_everything(cfg.seed, workers=True)
     dataset = instantiate(cfg.data)
     print(dataset.summary(), flush=True)
-    sampler = build_sampler(instantiate(cfg.model.sampler), dataset)
     module = instantiate(cfg.model.module)(
         in_dim=dataset.num_features,
         num_classes=dataset.num_classes,
         metric=dataset.metric,
         multilabel=dataset.multilabel,
     )
-    if sampler.aggregation != module.aggregation:
-        raise RecipeError(
-            f"model {cfg.model.name!r}: sampler aggregation {sampler.aggregation!r} does not match "
-            f"the layers' {module.aggregation!r}"
-        )
-    if sampler.num_layers != len(module.layers):
-        raise RecipeError(
-            f"model {cfg.model.name!r}: sampler has {sampler.num_layers} layers, model {len(module.layers)}"
-        )
-    # a sampler with a feature cache (GNS) shares it with the DataModule, which keeps it on the device
-    datamodule = instantiate(cfg.loader)(
-        dataset=dataset, sampler=sampler, feature_cache=getattr(sampler, "cache", None)
-    )
-
     # a strategy config is either a Lightning registry name ({name: ddp}) or a _target_ to build
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
     world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes) if str(cfg.trainer.devices).isdigit() else 1
-    batches = datamodule_batches(datamodule, world)
+    loader = instantiate(cfg.loader)
+    if getattr(module, "full_graph", False) != getattr(loader.func, "full_graph", False):
+        raise RecipeError(
+            f"model {cfg.model.name!r} and loader {loader.func.__name__} do not fit: full-graph training "
+            "takes strategy=graph_parallel, pipegcn or pipeqs, which pick the model and loader"
+        )
+    if getattr(module, "full_graph", False):  # each rank's partition is the one batch of an epoch
+        datamodule, batches = loader(dataset=dataset, aggregation=module.aggregation), 1
+    else:
+        datamodule = sampled_datamodule(cfg, loader, dataset, module)
+        batches = datamodule_batches(datamodule, world)
     callbacks = recipe_callbacks(cfg, strategy)
     timer, gpu_busy, checkpoint = callbacks[:3]
     trainer = instantiate(
@@ -114,7 +109,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
             f"RESULT model={cfg.model.name} data={dataset.name} val={result['val']:.4f} "
             f"test={result.get('test', float('nan')):.4f} epochs={trainer.current_epoch} "
             f"batches={result['batches']} batch_time_ms={result['batch_time_ms']:.2f} "
-            f"batch_time_std_ms={result['batch_time_std_ms']:.2f} train_time_s={result['train_time_s']:.2f}{busy}",
+            f"batch_time_std_ms={result['batch_time_std_ms']:.2f} train_time_s={result['train_time_s']:.2f}{busy}"
+            f"{strategy_result_fields(strategy)}",
             flush=True,
         )
     return result
@@ -125,6 +121,23 @@ def max_steps(cfg: DictConfig, batches_per_epoch: int) -> int:
     if cfg.trainer.get("max_steps") is not None:
         return int(cfg.trainer.max_steps)
     return max(int(cfg.step_cap.min_steps), int(cfg.step_cap.epochs) * batches_per_epoch)
+
+
+def sampled_datamodule(cfg: DictConfig, loader, dataset, module) -> pl.LightningDataModule:
+    """The mini-batch DataModule: the model config's sampler over ``dataset``, checked against
+    the model's layers."""
+    sampler = build_sampler(instantiate(cfg.model.sampler), dataset)
+    if sampler.aggregation != module.aggregation:
+        raise RecipeError(
+            f"model {cfg.model.name!r}: sampler aggregation {sampler.aggregation!r} does not match "
+            f"the layers' {module.aggregation!r}"
+        )
+    if sampler.num_layers != len(module.layers):
+        raise RecipeError(
+            f"model {cfg.model.name!r}: sampler has {sampler.num_layers} layers, model {len(module.layers)}"
+        )
+    # a sampler with a feature cache (GNS) shares it with the DataModule, which keeps it on the device
+    return loader(dataset=dataset, sampler=sampler, feature_cache=getattr(sampler, "cache", None))
 
 
 def recipe_callbacks(cfg: DictConfig, strategy) -> list[pl.Callback]:
@@ -159,6 +172,12 @@ def strategy_callbacks(strategy) -> list[pl.Callback]:
         if isinstance(strategy, MQGNNStrategy) or strategy in ("mqgnn", "mqgnn_spawn")
         else []
     )
+
+
+def strategy_result_fields(strategy) -> str:
+    """Extra RESULT fields a strategy reports (the full-graph strategies: ``comm_bytes=`` per epoch)."""
+    fields = getattr(strategy, "result_fields", None)
+    return fields() if callable(fields) else ""
 
 
 def datamodule_batches(datamodule, world_size: int) -> int:

@@ -1,0 +1,43 @@
+"""Point-to-point transport of one halo exchange: one message to and from every peer."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import Tensor
+
+
+class HaloExchangeError(RuntimeError):
+    """A halo exchange failed: a peer rank died, or the link broke or timed out."""
+
+
+class Transport:
+    """Sends ``sends[p]`` to and receives ``recvs[p]`` (preallocated) from every peer ``p`` with
+    ``isend``/``irecv`` on ``group``, and counts the bytes it sends. Empty messages are not sent
+    (both sides know the sizes). Subclass and override ``exchange`` to model a different link."""
+
+    def __init__(self, rank: int, world_size: int, group: dist.ProcessGroup | None = None):
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group
+        self.bytes_sent = 0
+        self.messages_sent = 0
+
+    def exchange(self, sends: list[Tensor], recvs: list[Tensor], tag: int) -> None:
+        works = []
+        try:
+            for peer in range(self.world_size):
+                if peer == self.rank:
+                    continue
+                if recvs[peer].numel():
+                    works.append(dist.irecv(recvs[peer], src=peer, group=self.group, tag=tag))
+                if sends[peer].numel():
+                    works.append(dist.isend(sends[peer], dst=peer, group=self.group, tag=tag))
+                    self.bytes_sent += sends[peer].numel() * sends[peer].element_size()
+                    self.messages_sent += 1
+            for work in works:
+                work.wait()
+        except RuntimeError as err:
+            raise HaloExchangeError(
+                f"rank {self.rank}: halo exchange failed ({str(err).splitlines()[0]}); "
+                "a peer rank probably died or the link timed out"
+            ) from err

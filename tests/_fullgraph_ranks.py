@@ -1,0 +1,162 @@
+"""Rank bodies of the full-graph distributed tests (4 gloo processes, started by the tests)."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from lightning_mqgnn.fullgraph import (
+    FullGraphNodeClassifier,
+    HaloExchanger,
+    PartitionBook,
+    Transport,
+    partition_batch,
+)
+from lightning_mqgnn.graph.generated import generate_graph
+from lightning_mqgnn.sampling.exact import edge_weights, full_block
+
+WORLD = 4
+
+
+def small_dataset():
+    return generate_graph("arxiv", num_nodes=240, mean_degree=6.0, num_features=12, num_classes=4, seed=3)
+
+
+def make_model(conv: str, in_dim: int, num_classes: int) -> FullGraphNodeClassifier:
+    torch.manual_seed(0)
+    return FullGraphNodeClassifier(
+        in_dim, num_classes, conv=conv, hidden=16, num_layers=3, dropout=0.0, lr=1e-2
+    )
+
+
+def reference_run(conv: str, steps: int) -> list[tuple[float, list[torch.Tensor]]]:
+    """Single-process full-graph training: losses and weight gradients of the first steps."""
+    ds = small_dataset()
+    model = make_model(conv, ds.num_features, ds.num_classes)
+    weights, self_weights = edge_weights(ds.graph, model.aggregation)
+    block, _ = full_block(ds.graph, torch.arange(ds.num_nodes), weights, self_weights)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    out = []
+    for _ in range(steps):
+        h = ds.features
+        for i, layer in enumerate(model.layers):
+            h = layer(block, h, h) if conv == "sage" else layer(block, h)
+            if i < len(model.layers) - 1:
+                h = torch.relu(h)
+        loss = torch.nn.functional.cross_entropy(h[ds.train_idx], ds.labels[ds.train_idx])
+        opt.zero_grad()
+        loss.backward()
+        out.append((float(loss.detach()), [p.grad.clone() for p in model.parameters()]))
+        opt.step()
+    return out
+
+
+def distributed_run(
+    rank: int, conv: str, mode: str, quantize: bool, steps: int, rule=None, smoothing: float = 0.0
+):
+    """The same training on 4 partitions with halo exchange; gradients averaged as DDP does."""
+    ds = small_dataset()
+    book = PartitionBook.build(ds.graph, WORLD, "metis", seed=0)
+    model = make_model(conv, ds.num_features, ds.num_classes)
+    batch = partition_batch(ds, book, rank, model.aggregation)
+    ex = HaloExchanger(
+        batch.partition,
+        Transport(rank, WORLD),
+        mode=mode,
+        quantize=quantize,
+        rule=rule,
+        seed=rank,
+        smoothing=smoothing,
+    )
+    batch.halo = ex.with_halo
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    out = []
+    best = float("inf")
+    for epoch in range(steps):
+        ex.begin_epoch(epoch)
+        logits = model(batch)
+        m = batch.train_mask
+        loss = (
+            torch.nn.functional.cross_entropy(logits[m], batch.labels[m], reduction="sum") * batch.loss_scale
+        )
+        opt.zero_grad()
+        loss.backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()] + [loss.detach().reshape(1)])
+        dist.all_reduce(flat)
+        flat /= WORLD
+        offset = 0
+        for p in model.parameters():
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        signals = ex.signals()
+        dist.all_reduce(signals)
+        first = out[0][0] if out else float(flat[-1])
+        ex.end_epoch(signals, float(flat[-1]), best, first)
+        best = min(best, float(flat[-1]))
+        out.append((float(flat[-1]), [p.grad.clone() for p in model.parameters()]))
+        opt.step()
+    ages = {k: list(ch.ages) for k, ch in ex.channels.items()}
+    history = {k: list(ch.controller.history) for k, ch in ex.channels.items()}
+    ex.close()
+    return out, ages, history, ex.bytes_sent
+
+
+def _init(rank: int, port: int) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=20),
+    )
+
+
+def equivalence_rank(rank: int, port: int, queue) -> None:
+    """Sync mode against the single-process reference, then stale and quantised runs."""
+    try:
+        _init(rank, port)
+        report = {}
+        for conv in ("gcn", "sage"):
+            report[("sync", conv)] = distributed_run(rank, conv, "sync", False, steps=3)
+        report["stale"] = distributed_run(rank, "gcn", "stale", False, steps=4)
+        report["smoothed"] = distributed_run(rank, "gcn", "stale", False, steps=4, smoothing=0.8)
+        report["pipeqs"] = distributed_run(rank, "gcn", "stale", True, steps=4)
+        buffer = io.BytesIO()
+        torch.save(report, buffer)  # bytes, not shared-memory tensors: this process exits next
+        queue.put((rank, "ok", buffer.getvalue()))
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the test, which fails with it
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def dying_rank(rank: int, port: int, queue) -> None:
+    """Rank 3 dies in the middle of epoch 2; the others must fail fast with a clear error."""
+    try:
+        _init(rank, port)
+        ds = small_dataset()
+        book = PartitionBook.build(ds.graph, WORLD, "metis", seed=0)
+        model = make_model("gcn", ds.num_features, ds.num_classes)
+        batch = partition_batch(ds, book, rank, model.aggregation)
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=15))
+        ex = HaloExchanger(batch.partition, Transport(rank, WORLD, group), mode="stale")
+        batch.halo = ex.with_halo
+        start = None
+        for epoch in range(4):
+            ex.begin_epoch(epoch)
+            if epoch == 2:
+                start = time.perf_counter()
+                if rank == 3:
+                    os._exit(1)
+            model(batch).sum().backward()
+        queue.put((rank, "finished", None))
+    except BaseException as err:  # noqa: BLE001
+        elapsed = time.perf_counter() - start if start is not None else -1.0
+        queue.put((rank, type(err).__name__, f"{err} [after {elapsed:.1f} s]"))
