@@ -4,9 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+from helpers.paths import SHARED_DATA
 
 # Test graphs are tiny: one intra-op thread avoids OpenMP spin-waits that make small ops 10x
 # slower when the 2 cores are shared with worker or rank processes.

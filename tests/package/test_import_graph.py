@@ -1,0 +1,125 @@
+"""``lightning_mqgnn`` has no import cycle, and its loaders do not depend on Lightning.
+
+Every import statement counts, at module level and inside functions alike (a function-level
+import only delays a cycle to the first call; it does not remove the dependency), as do imports
+under ``if TYPE_CHECKING:``. An import names one module: ``from pkg import name`` is an edge to
+``pkg.name`` when that is a module, else to ``pkg``. The parent packages Python initialises on
+the way are not edges (a package's ``__init__`` re-exporting its own modules is not a cycle).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from helpers.paths import REPO
+
+PACKAGE = "lightning_mqgnn"
+ROOT = REPO / PACKAGE
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def resolve(current: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = current.split(".") if is_package else current.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(edges inside the package, external top-level packages) of every module."""
+    mods = modules()
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    external: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = resolve(name, is_package, node)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            for target in targets:
+                if target == PACKAGE or target.startswith(PACKAGE + "."):
+                    while target not in mods:  # `import pkg.mod.attr` style: the module it names
+                        target = target.rsplit(".", 1)[0]
+                    if target != name:
+                        edges[name].add(target)
+                else:
+                    external[name].add(target.split(".")[0])
+    return edges, external
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(edges[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n) :] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(edges):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def reachable(edges: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = {start}, [start]
+    while todo:
+        for n in edges[todo.pop()]:
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
+
+
+def test_the_walker_resolves_imports_and_finds_cycles():
+    edges, _ = import_graph()
+    assert f"{PACKAGE}.pipeline.loader" in edges[f"{PACKAGE}.data"]  # from-import of a module
+    assert f"{PACKAGE}.sampling.batch" in edges[f"{PACKAGE}.sampling.gns"]  # of a name in a module
+    relative = ast.parse("from ..sampling import batch").body[0]
+    assert resolve(f"{PACKAGE}.pipeline.loader", False, relative) == f"{PACKAGE}.sampling"
+    assert (
+        resolve(f"{PACKAGE}.pipeline", True, ast.parse("from . import plan").body[0]) == f"{PACKAGE}.pipeline"
+    )
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle_in_the_package():
+    edges, _ = import_graph()
+    assert len(edges) > 40
+    cycle = find_cycle(edges)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_loaders_do_not_depend_on_lightning_or_the_datamodule():
+    edges, external = import_graph()
+    for loader in (f"{PACKAGE}.pipeline.loader", f"{PACKAGE}.pipeline.sequential"):
+        # the package __init__s on the way re-export more than the loader uses: only modules count
+        mods = modules()
+        used = {m for m in reachable(edges, loader) if mods[m].name != "__init__.py"}
+        assert f"{PACKAGE}.data" not in used
+        lightning_users = sorted(m for m in used if "lightning" in external[m])
+        assert lightning_users == [], f"{loader} reaches Lightning through {lightning_users}"

@@ -1,0 +1,39 @@
+"""The step benchmark splits a real step: GEMM time is found in both loops, and the optimiser's
+share stays the optimiser's even though Lightning runs forward and backward inside its step."""
+
+import subprocess
+import sys
+
+from helpers.paths import REPO
+
+
+def test_step_benchmark_splits_bare_and_trainer_steps(tmp_path):
+    out = tmp_path / "step.md"
+    cmd = [
+        sys.executable,
+        str(REPO / "recipes" / "bench.py"),
+        "step",
+        "--data",
+        "generated",
+        "--models",
+        "sage,gcn",
+    ]
+    cmd += ["--steps", "6", "--warmup", "1", "--extra", "data.scale=0.02", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [
+        line.split("|")[1:-1]
+        for line in out.read_text().splitlines()
+        if line.startswith("| sage") or line.startswith("| gcn")
+    ]
+    assert sorted((r[0].strip(), r[1].strip()) for r in rows) == [
+        ("gcn", "bare"),
+        ("gcn", "trainer"),
+        ("sage", "bare"),
+        ("sage", "trainer"),
+    ]
+    for row in rows:
+        step, gemm, *_, optimiser, _rest, ratio = (float(c.strip().rstrip("x")) for c in row[2:])
+        assert step > 0 and 0 < gemm < step
+        assert 0 < optimiser < 0.5 * step  # Adam on a few parameters, not the closure's whole step
+        assert abs(ratio - step / gemm) < 0.02 * ratio

@@ -1,0 +1,365 @@
+"""MQGNNStrategy with 2 CPU (gloo) processes through Lightning, launched as real subprocesses.
+
+One launch of ``_strategy_script.py`` runs every popen scenario in the same two processes (Lightning
+reuses them across ``Trainer.fit`` calls); spawn and torchrun multi-node are launched separately.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.paths import HELPERS, REPO
+from helpers.strategy_script import RESUME_COMBOS, RESUME_EPOCHS, SCENARIOS, resume_name
+
+pytestmark = pytest.mark.distributed
+
+
+SCRIPT = HELPERS / "strategy_script.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env["MASTER_PORT"] = str(_free_port())
+    for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "GROUP_RANK"):
+        env.pop(var, None)
+    return env
+
+
+def _run_all(commands: list[list[str]], timeout: float) -> list[subprocess.CompletedProcess]:
+    """Run commands concurrently (one environment) in their own sessions; on timeout kill each process group."""
+    env = _env()
+    procs = [
+        subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for cmd in commands
+    ]
+    results = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=timeout)
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    for r in results:
+        assert r.returncode == 0, f"{' '.join(r.args)} failed:\n{r.stdout[-6000:]}"
+    return results
+
+
+def _load(root: Path, scenario: str) -> list[dict]:
+    files = sorted((root / scenario).glob("rank*.pt"))
+    return [torch.load(f, weights_only=False) for f in files]
+
+
+# Resume cases of the default run, (staleness, sync_period, accumulate, per-step LR schedule), start epoch;
+# the slow test covers every combination from every epoch.
+DEFAULT_RESUMES = [((0, 1, 2, True), 1), ((1, 3, 1, True), 1), ((2, 3, 2, True), 0)]
+SLOW_RESUMES = [
+    (combo, start)
+    for combo in RESUME_COMBOS
+    for start in range(RESUME_EPOCHS - 1)
+    if (combo, start) not in DEFAULT_RESUMES
+]
+BASE_SCENARIOS = [
+    name for name in SCENARIOS if not name.startswith("resume_s") and not name.startswith("unused_err")
+]
+
+
+def _resume_scenarios(cases) -> list[str]:
+    names = []
+    for combo, start in cases:
+        names += [n for n in (resume_name(combo, None), resume_name(combo, start)) if n not in names]
+    return names
+
+
+@pytest.fixture(scope="module")
+def popen_runs(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mqgnn_popen")
+    # the failing scenarios last: each ends its Trainer.fit with an error on both ranks
+    scenarios = BASE_SCENARIOS + _resume_scenarios(DEFAULT_RESUMES) + ["unused_err_s0", "unused_err_s1"]
+    _run_all(
+        [[sys.executable, str(SCRIPT), "--out", str(out), "--scenarios", ",".join(scenarios)]], timeout=600
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def slow_resume_runs(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mqgnn_resume")
+    scenarios = _resume_scenarios(SLOW_RESUMES)
+    _run_all(
+        [[sys.executable, str(SCRIPT), "--out", str(out), "--scenarios", ",".join(scenarios)]], timeout=1800
+    )
+    return out
+
+
+def test_staleness_zero_equals_ddp(popen_runs):
+    """Same seeds, SGD with momentum, 16 steps: identical parameters. Tolerance 1e-6 absolute; observed 0.0
+    (with 2 ranks, DDP's x/2 + y/2 and our (x/2 + y/2) are the same float operations)."""
+    ddp, mq = _load(popen_runs, "ddp_sgd"), _load(popen_runs, "s0_sgd")
+    assert ddp[0]["strategy"] == "DDPStrategy" and mq[0]["strategy"] == "MQGNNStrategy"
+    assert len(ddp) == len(mq) == 2 and mq[0]["global_step"] == ddp[0]["global_step"] == 16
+    assert mq[0]["stats"]["applied_steps"] == 16 and mq[0]["stats"]["skipped_steps"] == 0
+    for rank in range(2):
+        assert torch.allclose(mq[rank]["params"], ddp[rank]["params"], rtol=0, atol=1e-6)
+        assert mq[rank]["losses"] == pytest.approx(ddp[rank]["losses"], abs=1e-6)
+
+
+def test_staleness_zero_equals_ddp_with_batch_norm_buffers(popen_runs):
+    """Like DDP, staleness 0 broadcasts rank 0's buffers before every forward: same parameters and buffers."""
+    ddp, mq = _load(popen_runs, "ddp_bn"), _load(popen_runs, "s0_bn")
+    for rank in range(2):
+        assert torch.allclose(mq[rank]["params"], ddp[rank]["params"], rtol=0, atol=1e-6)
+
+
+def test_plain_module_with_string_mqgnn_converges(popen_runs):
+    """``strategy="mqgnn"`` (staleness 1) on a non-GNN MLP regression: the loss falls and ranks agree."""
+    runs = _load(popen_runs, "s1_string")
+    assert len(runs) == 2 and runs[0]["world_size"] == 2 and runs[0]["strategy"] == "MQGNNStrategy"
+    stats = runs[0]["stats"]
+    assert stats["steps"] == 40 and stats["skipped_steps"] == 1 and stats["applied_steps"] == 39
+    assert runs[0]["logged"]["comm/steps"] == 40 and runs[0]["logged"]["comm/syncs"] == 0  # CommStatsMonitor
+    assert _load(popen_runs, "ddp_sgd")[0]["logged"] == {}
+    for run in runs:
+        assert run["final_loss"] < 0.3 * run["init_loss"]
+    assert torch.equal(runs[0]["params"], runs[1]["params"])
+
+
+def test_parameters_identical_across_ranks_after_each_sync(popen_runs):
+    """With batch norm the running statistics are rank-local and drift between syncs; every sync (every 3
+    steps) must leave parameters, buffers and all ranks bit-identical."""
+    run = _load(popen_runs, "sync_bn")[0]
+    assert run["sync_period"] == 3 and run["stats"]["syncs"] == 4
+    after_sync = [diff for step, _, diff in run["records"] if step % 3 == 0]
+    between = [diff for step, _, diff in run["records"] if step % 3 != 0]
+    assert len(after_sync) == 4 and all(d == 0.0 for d in after_sync)
+    assert max(between) > 0.0  # the check can see a difference: buffers do diverge between syncs
+
+
+def test_gradient_accumulation_with_staleness(popen_runs):
+    runs = _load(popen_runs, "accumulate")
+    assert runs[0]["global_step"] == 6 and runs[0]["stats"]["steps"] == 6  # 12 batches / 2 accumulated
+    assert all(diff == 0.0 for _, _, diff in runs[0]["records"])
+    assert runs[0]["final_loss"] < runs[0]["init_loss"]
+
+
+def test_resume_from_mid_run_checkpoint_matches_uninterrupted(popen_runs):
+    """Checkpoint after epoch 2 (step 8, one queued gradient, next sync at step 9), resume to step 16."""
+    full, resumed = _load(popen_runs, "resume_full"), _load(popen_runs, "resume_half")
+    assert resumed[0]["records"][0][0] == 9  # really resumed mid-run
+    assert resumed[0]["stats"]["steps"] == full[0]["stats"]["steps"] == 16
+    assert resumed[0]["stats"]["syncs"] == full[0]["stats"]["syncs"] == 5
+    for rank in range(2):
+        assert torch.equal(resumed[rank]["params"], full[rank]["params"])
+        assert resumed[rank]["losses"] == full[rank]["losses"][8:]
+
+
+def _check_resume(root: Path, combo: tuple, start: int) -> None:
+    """Parameters, buffers (every rank's), the per-batch cross-rank differences, the losses and the
+    strategy's counters of the resumed run are bit-identical to the uninterrupted run's."""
+    full, resumed = _load(root, resume_name(combo, None)), _load(root, resume_name(combo, start))
+    assert len(full) == len(resumed) == 2
+    assert resumed[0]["global_step"] == full[0]["global_step"]
+    if combo[0] > 0:  # counters are strategy state from staleness 1 on
+        timings = {k: resumed[0]["stats"][k] for k in ("grad_wait_s", "sync_s")}
+        assert resumed[0]["stats"] == {**full[0]["stats"], **timings}
+    for rank in range(2):
+        batches_before = len(full[rank]["losses"]) * (start + 1) // RESUME_EPOCHS
+        assert 0 < len(resumed[rank]["losses"]) == len(full[rank]["losses"]) - batches_before  # mid-run
+        assert resumed[rank]["losses"] == full[rank]["losses"][batches_before:]
+        assert resumed[rank]["records"] == full[rank]["records"][batches_before:]
+        assert torch.equal(resumed[rank]["params"], full[rank]["params"])
+        assert torch.equal(resumed[rank]["buffers"], full[rank]["buffers"])
+
+
+@pytest.mark.parametrize(("combo", "start"), DEFAULT_RESUMES, ids=lambda v: str(v))
+def test_resume_is_bit_identical(popen_runs, combo, start):
+    _check_resume(popen_runs, combo, start)
+
+
+@pytest.mark.slow  # every (staleness, sync_period, accumulation, LR schedule) from every epoch: ~80 fits
+@pytest.mark.parametrize(("combo", "start"), SLOW_RESUMES, ids=lambda v: str(v))
+def test_resume_is_bit_identical_every_combination(slow_resume_runs, combo, start):
+    _check_resume(slow_resume_runs, combo, start)
+
+
+# ------------------------------------------------------------------ Lightning's DDP contracts
+def test_model_is_wrapped_in_ddp_at_staleness_zero(popen_runs):
+    """configure_ddp / wrapper contract: ``trainer.model`` is DistributedDataParallel with ``.module`` the
+    LightningModule at staleness 0, as under DDPStrategy; at staleness 1 the queue replaces the wrapper."""
+    for name in ("client_ddp", "client_s0"):
+        for run in _load(popen_runs, name):
+            assert run["contract"]["wrapper"] == "DistributedDataParallel"
+            assert run["contract"]["module_is_lightning_module"] is True
+    for run in _load(popen_runs, "client_s1"):
+        assert (
+            run["contract"]["wrapper"] == "Client" and run["contract"]["module_is_lightning_module"] is False
+        )
+
+
+def test_no_sync_and_user_comm_hook_at_staleness_zero(popen_runs):
+    """``block_backward_sync`` enters DDP's ``no_sync``; a comm hook the user registers on ``trainer.model``
+    runs once per optimiser step (accumulation skips the all-reduce of the other micro-batches)."""
+    ddp, s0 = _load(popen_runs, "client_ddp"), _load(popen_runs, "client_s0")
+    for run in ddp + s0:
+        assert run["contract"]["grad_sync_inside_block"] is False
+        assert run["contract"]["grad_sync_outside_block"] is True
+        assert run["contract"]["hook_calls"] == run["global_step"] == 6
+
+
+def test_batch_norm_validation_checkpoint_metric_equals_ddp_at_staleness_zero(popen_runs):
+    """Batch norm, validation logging ``val_loss`` with sync_dist, ModelCheckpoint(monitor="val_loss"),
+    accumulation 2, clipping, per-step LR schedule: every observable equals DDPStrategy's bit for bit."""
+    ddp, s0 = _load(popen_runs, "client_ddp"), _load(popen_runs, "client_s0")
+    for rank in range(2):
+        a, b = ddp[rank], s0[rank]
+        assert a["contract"]["val_loss"] == b["contract"]["val_loss"] and len(a["contract"]["val_loss"]) == 4
+        for key in ("best_score", "best_path", "validate", "test"):
+            assert a["after_fit"][key] == b["after_fit"][key], key
+        assert torch.equal(a["after_fit"]["predict"], b["after_fit"]["predict"])
+        assert torch.equal(a["params"], b["params"]) and torch.equal(a["buffers"], b["buffers"])
+
+
+@pytest.mark.parametrize("name", ["client_ddp", "client_s0", "client_s1"])
+def test_buffers_identical_across_ranks_wherever_evaluation_runs(popen_runs, name):
+    """Validation in fit (3 epochs), validate, test, predict, and after fit: max |rank_i - rank_0| of the
+    buffers the evaluation used is 0 (staleness 1: broadcast before each evaluation loop)."""
+    for run in _load(popen_runs, name):
+        stages = [stage for stage, _ in run["contract"]["eval_buffer_diffs"]]
+        assert stages == ["fit", "fit", "fit", "validate", "test", "predict"]
+        assert all(diff == 0.0 for _, diff in run["contract"]["eval_buffer_diffs"])
+        assert run["after_fit"]["buffer_diff"] == 0.0
+    runs = _load(popen_runs, name)
+    assert runs[0]["contract"]["val_loss"] == runs[1]["contract"]["val_loss"]
+    assert runs[0]["after_fit"]["best_path"] == runs[1]["after_fit"]["best_path"]
+    assert (
+        torch.equal(runs[0]["after_fit"]["predict"], runs[1]["after_fit"]["predict"]) is False
+    )  # own shards
+
+
+def test_rank_local_buffers_in_evaluation_when_broadcast_is_off(popen_runs):
+    """``broadcast_buffers=False`` at staleness 1: validation during fit sees each rank's own statistics
+    (they differ between syncs), which is what the default broadcast prevents."""
+    for run in _load(popen_runs, "client_s1_local"):
+        in_fit = [diff for stage, diff in run["contract"]["eval_buffer_diffs"] if stage == "fit"]
+        assert len(in_fit) == 3 and max(in_fit) > 0.0
+
+
+def test_manual_optimisation(popen_runs):
+    """Two optimisers, manual_backward: staleness 0 equals DDPStrategy; staleness 1 (each optimiser.step goes
+    through its gradient queue) equals automatic optimisation at staleness 1 with one equivalent SGD."""
+    ddp, s0 = _load(popen_runs, "manual_ddp"), _load(popen_runs, "manual_s0")
+    s1, auto = _load(popen_runs, "manual_s1"), _load(popen_runs, "auto_sgd_s1")
+    assert s1[0]["stats"]["skipped_steps"] == 2  # one queue-fill step per optimiser
+    for rank in range(2):
+        assert (
+            torch.equal(ddp[rank]["params"], s0[rank]["params"]) and ddp[rank]["losses"] == s0[rank]["losses"]
+        )
+        assert torch.equal(s1[rank]["params"], auto[rank]["params"])
+        assert s1[rank]["final_loss"] < s1[rank]["init_loss"]
+
+
+def test_static_graph_with_manual_optimisation_equals_ddp(popen_runs):
+    """``static_graph=True`` passes through to the wrapper at staleness 0 (including DDPStrategy's
+    first-iteration flush for manual optimisation): same parameters as DDPStrategy(static_graph=True)."""
+    ddp, s0 = _load(popen_runs, "manual_ddp_static"), _load(popen_runs, "manual_s0_static")
+    plain = _load(popen_runs, "manual_ddp")
+    for rank in range(2):
+        assert (
+            torch.equal(ddp[rank]["params"], s0[rank]["params"]) and ddp[rank]["losses"] == s0[rank]["losses"]
+        )
+        assert torch.allclose(s0[rank]["params"], plain[rank]["params"], rtol=0, atol=1e-6)
+
+
+def test_unused_parameters(popen_runs):
+    """Without find_unused_parameters a never-used parameter is an error naming the remedy (staleness 0:
+    DDP's own, staleness 1: naming the parameters); with it, training runs and its gradient stays None."""
+    for run in _load(popen_runs, "unused_err_s0"):
+        assert (
+            "find_unused_parameters=True" in run["error"]
+            and "were not used in producing the loss" in run["error"]
+        )
+    for run in _load(popen_runs, "unused_err_s1"):
+        assert "unused.weight (0/2 ranks), unused.bias (0/2 ranks)" in run["error"]
+        assert "find_unused_parameters=True" in run["error"]
+    for name in ("unused_ok_s0", "unused_ok_s1"):
+        for run in _load(popen_runs, name):
+            assert run["error"] is None and run["after_fit"]["unused_grad_is_none"] is True
+            assert run["final_loss"] < run["init_loss"]
+
+
+@pytest.mark.slow  # three interpreters import lightning: ~20 s idle, ~100 s on a loaded 2-core box
+def test_spawn_registry_name(tmp_path):
+    """``strategy="mqgnn_spawn"``: the trained weights come back to the main process."""
+    _run_all(
+        [
+            [
+                sys.executable,
+                str(SCRIPT),
+                "--out",
+                str(tmp_path),
+                "--scenarios",
+                "s1_string",
+                "--strategy",
+                "mqgnn_spawn",
+            ]
+        ],
+        timeout=300,
+    )
+    run = _load(tmp_path, "s1_string")[0]
+    assert run["strategy"] == "MQGNNStrategy" and run["world_size"] == 2
+    assert run["final_loss"] < 0.3 * run["init_loss"]
+
+
+def test_torchrun_two_nodes(tmp_path):
+    """``torchrun --nnodes=2 --nproc_per_node=1`` on localhost: two rendezvous "nodes", num_nodes=2."""
+    port = _free_port()
+    commands = [
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            f"--node_rank={rank}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            str(SCRIPT),
+            "--devices",
+            "1",
+            "--num-nodes",
+            "2",
+            "--scenarios",
+            "resume_full",
+            "--out",
+            str(tmp_path),
+        ]
+        for rank in range(2)
+    ]
+    _run_all(commands, timeout=300)
+    runs = _load(tmp_path, "resume_full")
+    assert len(runs) == 2 and all(r["world_size"] == 2 for r in runs)
+    assert runs[0]["global_step"] == 16 and runs[0]["stats"]["syncs"] == 5
+    assert torch.equal(runs[0]["params"], runs[1]["params"])
