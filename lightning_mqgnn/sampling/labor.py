@@ -1,0 +1,267 @@
+"""Layer-neighbour sampling (LABOR, Balin & Çatalyürek, NeurIPS 2023), a drop-in for node-wise
+sampling with the same fan-out ``k`` that samples far fewer distinct vertices per layer.
+
+Poisson sampling with shared variates. Every candidate source ``t`` of a layer draws one uniform
+``r_t``, the same for all destinations ``s`` it feeds; edge ``t -> s`` is kept when
+``r_t <= π_ts = min(1, c_s π_t)``. Destinations that share a neighbour share its draw, so a vertex
+needed by many rows is either taken for all of them or for none, and the number of distinct
+sources drops while every row alone behaves as under node-wise sampling. ``r_t`` comes from a
+counter-based hash of ``(layer seed, t)`` (SplitMix64), the layer seed from torch's global
+generator: no sort or unique over the candidates is needed to share the draws, and a seeded
+process samples the same blocks.
+
+Probabilities (equation numbers of arXiv:2210.13339, the paper's long version).
+- LABOR-0: ``π_t = 1``, ``c_s = k / d_s`` (eq. 10-11): ``k`` sampled neighbours per destination in
+  expectation, ``min(k, d_s)`` when ``d_s <= k`` (all of them).
+- LABOR-i: ``i`` rounds of the fixed-point iteration. Each round sets ``π_t <- π_t max_{t->s} c_s``
+  (eq. 18: ``π_t`` becomes t's inclusion probability in the layer) and then solves every ``c_s``
+  from the variance constraint ``Σ_{t->s} 1 / min(1, c_s π_t) = d_s² / k_s`` (eq. 15 and 22 with
+  unit edge weights, ``k_s = min(k, d_s)``): each row's estimator keeps node-wise sampling's variance
+  while rarely needed vertices get lower probabilities. ``c_s`` is itself found by the fixed point
+  ``c <- c Σ 1/min(1, cπ_t) / (d_s²/k_s)`` (exact in one step while no probability is clipped at 1;
+  at most ``C_ITERATIONS`` steps, stopping at relative error ``TOLERANCE``).
+  ``importance_sampling=-1`` (LABOR-*) iterates until the expected number of sampled vertices
+  ``Σ_t min(1, π_t)`` falls by less than ``TOLERANCE`` in a round, at most ``MAX_ROUNDS`` rounds
+  (3-6 rounds on the graphs of BENCHMARKS.md).
+
+Estimator (eq. 2-3 of the long version). The Horvitz-Thompson weight of a kept edge is
+``P_st / π_ts``, with ``P`` the operator the block estimates: the neighbour mean ``1/d_s`` (eq. 17
+of the MQ-GNN paper, SAGE) or GCN's ``1/sqrt(d̂_s d̂_t)`` (eq. 2; the self loop keeps its exact
+weight ``1/d̂_s``, as in the node-wise sampler). ``estimator="ht"`` uses it as is: unbiased.
+``estimator="hajek"`` (the paper's variant, and DGL's) rescales each row to the row's exact mass
+``Σ_t P_st`` (1 for the mean), i.e. normalises the ``1/π_ts`` weights per destination: consistent, not
+unbiased, with far less variance (a row's weights no longer depend on how many draws it got).
+``normalization="block"`` (GCN only) normalises the sampled block by its own degrees as
+``NeighborSampler`` does, each entry also carrying its ``1/π_ts`` weight normalised to mean 1 over
+its row (1 for LABOR-0), as DGL's ``GraphConv(norm="both")`` with LABOR's edge weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.sampling.base import Relabeler, row_positions
+from lightning_mqgnn.sampling.batch import Block, MiniBatch
+from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm, row_mass
+from lightning_mqgnn.sampling.neighbor import NORMALIZATIONS, block_normalization, sampled_block
+
+ESTIMATORS = ("ht", "hajek")
+TOLERANCE = 1e-4
+C_ITERATIONS = 100
+MAX_ROUNDS = 50
+
+# SplitMix64 constants (Steele, Lea & Flood 2014) as signed int64
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+
+
+def _shift_right(z: Tensor, bits: int) -> Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def shared_uniforms(seed: int, ids: Tensor) -> Tensor:
+    """One uniform in ``(0, 1]`` per vertex id, the same for every occurrence of an id: SplitMix64
+    of ``seed + id · golden`` (int64 arithmetic wraps), its top 53 bits as a float64."""
+    z = ids.to(torch.int64) * _GOLDEN + seed
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    z = z ^ _shift_right(z, 31)
+    return (_shift_right(z, 11) + 1).to(torch.float64) * (1.0 / (1 << 53))
+
+
+def draw_layer_seed() -> int:
+    """A layer's hash seed, from torch's global generator (seeded per batch in the pipeline)."""
+    return int(torch.randint(0, 1 << 62, (1,)))
+
+
+@dataclass
+class CandidateEdges:
+    """Every edge a layer may keep, grouped by destination row: ``src`` the global source id of each
+    edge, ``rows`` its row, ``deg`` the candidates per row (float64: ``d_s``)."""
+
+    src: Tensor
+    rows: Tensor
+    deg: Tensor
+
+
+class MaxScratch:
+    """A float64 array over all nodes for per-vertex maxima (``π_t max c_s``), kept clean between
+    calls so a layer costs O(edges), not O(N). One per process; not shipped with a pickle."""
+
+    def __init__(self, num_nodes: int):
+        self.num_nodes = num_nodes
+        self._buf: Tensor | None = None
+
+    def __getstate__(self) -> dict:
+        return {"num_nodes": self.num_nodes, "_buf": None}
+
+    def vertex_max(self, ids: Tensor, values: Tensor) -> tuple[Tensor, float]:
+        """``(m[ids], Σ_t min(1, m_t))`` with ``m_t`` the largest of ``values`` over t's entries."""
+        if self._buf is None:
+            self._buf = torch.zeros(self.num_nodes, dtype=torch.float64)
+        buf = self._buf
+        buf.scatter_reduce_(0, ids, values, reduce="amax", include_self=True)
+        per_edge = buf.index_select(0, ids)
+        expected = float(buf.clamp(max=1.0).sum())  # O(N) adds, once per round
+        buf.index_fill_(0, ids, 0.0)
+        return per_edge, expected
+
+
+def solve_row_scale(cand: CandidateEdges, pi: Tensor, k: Tensor, c: Tensor) -> Tensor:
+    """``c_s`` with ``Σ_{t->s} 1/min(1, c_s π_t) = d_s² / k_s`` for every row (eq. 22, unit weights),
+    by the fixed point ``c <- c · lhs / rhs`` started from ``c``."""
+    target = cand.deg * cand.deg / k.clamp(min=1.0)
+    live = cand.deg > 0
+    for _ in range(C_ITERATIONS):
+        p = (c.index_select(0, cand.rows) * pi).clamp(max=1.0)
+        lhs = torch.zeros_like(c).index_add_(0, cand.rows, 1.0 / p)
+        ratio = torch.where(live, lhs / target.clamp(min=1.0), torch.ones_like(c))
+        c = c * ratio
+        if not ratio.numel() or float((ratio - 1.0).abs().max()) <= TOLERANCE:
+            break
+    return c
+
+
+def labor_probabilities(
+    cand: CandidateEdges, fanout: int, importance_sampling: int, scratch: MaxScratch
+) -> Tensor:
+    """``π_ts = min(1, c_s π_t)`` for every candidate edge, after ``importance_sampling`` rounds of
+    the fixed-point iteration (0: LABOR-0, -1: until converged, see the module docstring)."""
+    if fanout < 0:
+        return torch.ones(cand.src.numel(), dtype=torch.float64)
+    k = cand.deg.clamp(max=float(fanout))
+    c = torch.where(cand.deg > 0, k / cand.deg.clamp(min=1.0), torch.zeros_like(cand.deg))  # eq. 10-11
+    pi = torch.ones(cand.src.numel(), dtype=torch.float64)
+    rounds = MAX_ROUNDS if importance_sampling < 0 else importance_sampling
+    expected_prev = float("inf")
+    for _ in range(rounds):
+        pi, expected = scratch.vertex_max(cand.src, c.index_select(0, cand.rows) * pi)  # eq. 18
+        c = solve_row_scale(cand, pi, k, c)
+        if expected >= (1.0 - TOLERANCE) * expected_prev:
+            break
+        expected_prev = expected
+    return (c.index_select(0, cand.rows) * pi).clamp(max=1.0)
+
+
+def labor_keep(cand: CandidateEdges, prob: Tensor, seed: int) -> Tensor:
+    """Which candidate edges are kept: ``r_t <= π_ts`` with one ``r_t`` per source vertex."""
+    return shared_uniforms(seed, cand.src) <= prob
+
+
+def in_edge_candidates(graph: CSRGraph, dst: Tensor) -> tuple[CandidateEdges, Tensor]:
+    """All in-edges of ``dst`` as candidates, with their CSR positions."""
+    starts = graph.indptr.index_select(0, dst)
+    deg = graph.indptr.index_select(0, dst + 1) - starts
+    pos = row_positions(starts, deg)
+    rows = torch.repeat_interleave(torch.arange(dst.numel()), deg, output_size=pos.numel())
+    return CandidateEdges(graph.indices.index_select(0, pos), rows, deg.to(torch.float64)), pos
+
+
+def row_sums(rows: Tensor, values: Tensor, num_rows: int) -> Tensor:
+    return torch.zeros(num_rows, dtype=values.dtype).index_add_(0, rows, values)
+
+
+def normalise_rows(weights: Tensor, rows: Tensor, mass: Tensor) -> Tensor:
+    """Rescale each row's weights to sum to ``mass`` of the row (the per-destination normalisation
+    of the paper's estimator); a row without kept edges stays empty."""
+    total = row_sums(rows, weights, mass.numel())
+    scale = torch.where(total > 0, mass / total.clamp(min=torch.finfo(torch.float64).tiny), 0.0)
+    return weights * scale.index_select(0, rows)
+
+
+class LaborSampler:
+    """LABOR-0 / LABOR-i / LABOR-* with per-layer fan-outs, a drop-in for ``NeighborSampler``.
+
+    ``fanouts`` input layer first (-1 takes every neighbour); ``importance_sampling`` the number of
+    fixed-point rounds (0: LABOR-0, -1: LABOR-*, until converged); ``aggregation`` and
+    ``normalization`` as in ``NeighborSampler``; ``estimator`` "hajek" (the paper's per-destination
+    normalisation) or "ht" (unbiased). Blocks keep destinations as a source prefix.
+    """
+
+    def __init__(
+        self,
+        graph: CSRGraph,
+        fanouts: list[int],
+        aggregation: str = "mean",
+        importance_sampling: int = 0,
+        estimator: str = "hajek",
+        normalization: str = "graph",
+    ):
+        check_labor_arguments(aggregation, estimator, importance_sampling)
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"unknown normalization {normalization!r}; expected one of {NORMALIZATIONS}")
+        if normalization == "block" and aggregation != "gcn":
+            raise ValueError(f"normalization='block' is GCN's; aggregation {aggregation!r} has none")
+        if not fanouts or any(int(f) == 0 or int(f) < -1 for f in fanouts):
+            raise ValueError(f"fanouts must be positive (or -1 for all), got {list(fanouts)}")
+        self.graph = graph
+        self.fanouts = [int(f) for f in fanouts]
+        self.aggregation = aggregation
+        self.importance_sampling = int(importance_sampling)
+        self.estimator = estimator
+        self.normalization = normalization
+        self.num_layers = len(self.fanouts)
+        self._norm = gcn_norm(graph) if aggregation == "gcn" else None
+        exact_mass = estimator == "hajek" and normalization == "graph"
+        self._row_mass = row_mass(graph, aggregation, self._norm) if exact_mass else None
+        self._relabel = Relabeler(graph.num_nodes)
+        self._scratch = MaxScratch(graph.num_nodes)
+
+    def sample(self, seeds: Tensor) -> MiniBatch:
+        seeds = seeds.to(torch.int64)
+        dst = seeds
+        blocks: list[Block] = []
+        for fanout in reversed(self.fanouts):  # top-down: output layer first
+            block, dst = self._sample_layer(dst, fanout)
+            blocks.append(block)
+        blocks.reverse()
+        return MiniBatch(input_nodes=dst, output_nodes=seeds, blocks=blocks)
+
+    def _sample_layer(self, dst: Tensor, fanout: int) -> tuple[Block, Tensor]:
+        cand, _ = in_edge_candidates(self.graph, dst)
+        prob = labor_probabilities(cand, fanout, self.importance_sampling, self._scratch)
+        keep = labor_keep(cand, prob, draw_layer_seed())
+        src, rows, prob = cand.src[keep], cand.rows[keep], prob[keep]
+        counts = torch.bincount(rows, minlength=dst.numel())
+        src_nodes, local = self._relabel(dst, src)
+        if self.normalization == "block":
+            inv = 1.0 / prob
+            imp = normalise_rows(inv, rows, counts.to(torch.float64))  # mean 1 over each row
+            block = sampled_block(
+                src_nodes.numel(), counts, local, torch.ones_like(inv), self_weights=torch.ones(dst.numel())
+            )
+            w = block_normalization(block).to(torch.float64)
+            # the self loop leads each row; the sampled entries follow it in ``local``'s order
+            nbr_pos = row_positions(block.indptr[:-1] + 1, counts)
+            w[nbr_pos] = w[nbr_pos] * imp
+            block.weights = w.to(torch.float32)
+            return block, src_nodes
+        if self.aggregation == "mean":
+            exact = 1.0 / cand.deg.index_select(0, rows)  # P_st of the neighbour mean
+            self_weights = None
+        else:
+            norm = self._norm
+            exact = norm.index_select(0, dst).index_select(0, rows) * norm.index_select(0, src)  # eq. 2
+            self_weights = norm.index_select(0, dst) ** 2
+        w = exact / prob  # Horvitz-Thompson
+        if self.estimator == "hajek":
+            w = normalise_rows(w, rows, self._row_mass.index_select(0, dst))
+        return sampled_block(src_nodes.numel(), counts, local, w, self_weights=self_weights), src_nodes
+
+
+def check_labor_arguments(aggregation: str, estimator: str, importance_sampling: int) -> None:
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; expected one of {AGGREGATIONS}")
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"LABOR estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    if int(importance_sampling) < -1:
+        raise ValueError(
+            f"importance_sampling is a number of fixed-point rounds (>= 0, or -1 until converged), "
+            f"got {importance_sampling}"
+        )
