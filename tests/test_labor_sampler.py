@@ -18,7 +18,7 @@ from lightning_mqgnn.sampling.gns import GNSCache, GNSSampler
 from lightning_mqgnn.sampling.labor import (
     CandidateEdges,
     LaborSampler,
-    MaxScratch,
+    SourceIndex,
     in_edge_candidates,
     labor_probabilities,
     shared_uniforms,
@@ -140,7 +140,7 @@ def test_one_variate_per_source_is_shared_by_all_destinations():
     graph = community_graph(seed=3)
     seeds = torch.arange(0, graph.num_nodes, 2)
     cand, _ = in_edge_candidates(graph, seeds)
-    prob = labor_probabilities(cand, 4, 0, MaxScratch(graph.num_nodes))
+    prob = labor_probabilities(cand, 4, 0, SourceIndex(graph.num_nodes))
     torch.manual_seed(5)
     batch = LaborSampler(graph, [4], "mean").sample(seeds)
     block, nodes = batch.blocks[0], batch.input_nodes
@@ -187,7 +187,7 @@ def test_importance_probabilities_converge_and_keep_every_rows_variance():
     graph = community_graph(seed=1)
     seeds = torch.arange(0, graph.num_nodes, 3)
     cand, _ = in_edge_candidates(graph, seeds)
-    scratch = MaxScratch(graph.num_nodes)
+    scratch = SourceIndex(graph.num_nodes)
     k = 4
     expected = []
     for rounds in (0, 1, 2, 4, -1):
@@ -295,7 +295,7 @@ def test_sampler_pickles_without_its_scratch_and_samples_the_same_in_a_copy():
     torch.manual_seed(0)
     first = sampler.sample(torch.arange(30))
     clone = pickle.loads(pickle.dumps(sampler))
-    assert clone._scratch._buf is None and clone._relabel._slot is None
+    assert clone._sources._slot is None and clone._relabel._slot is None
     torch.manual_seed(0)
     again = clone.sample(torch.arange(30))
     assert torch.equal(first.input_nodes, again.input_nodes)

@@ -46,7 +46,7 @@ from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm, row_mass
 from lightning_mqgnn.sampling.labor import (
     CandidateEdges,
     LaborSampler,
-    MaxScratch,
+    SourceIndex,
     check_labor_arguments,
     draw_layer_seed,
     labor_keep,
@@ -283,7 +283,7 @@ class GNSSampler:
             self._upper = LaborSampler(graph, fanouts[1:], aggregation, importance_sampling, estimator)
         elif len(fanouts) > 1:
             self._upper = NeighborSampler(graph, fanouts[1:], aggregation, replace)
-        self._scratch = MaxScratch(graph.num_nodes)
+        self._sources = SourceIndex(graph.num_nodes)
         self._norm = gcn_norm(graph)
         self._relabel = Relabeler(graph.num_nodes)
         self.estimator = estimator
@@ -311,7 +311,7 @@ class GNSSampler:
         if self.sampling == "labor":
             # LABOR among the cached neighbours: one shared variate per cached source
             cand = CandidateEdges(g.indices[sub.indices], sub.row_ids(), cached_count.to(torch.float64))
-            prob = labor_probabilities(cand, self.fanouts[0], self.importance_sampling, self._scratch)
+            prob = labor_probabilities(cand, self.fanouts[0], self.importance_sampling, self._sources)
             keep = labor_keep(cand, prob, draw_layer_seed())
             nbrs, rows, taken = cand.src[keep], cand.rows[keep], prob[keep]  # P(u taken | u cached)
             counts = torch.bincount(rows, minlength=dst.numel())

@@ -90,38 +90,40 @@ class CandidateEdges:
     deg: Tensor
 
 
-class MaxScratch:
-    """A float64 array over all nodes for per-vertex maxima (``π_t max c_s``), kept clean between
-    calls so a layer costs O(edges), not O(N). One per process; not shipped with a pickle."""
+class SourceIndex:
+    """Numbers the distinct sources of a layer's candidates ``0..U-1`` through an int64 scratch
+    array over all nodes (kept at -1 between calls): O(N) once per layer, no sort, so every
+    fixed-point round works on U-sized arrays. One per process; the scratch is not pickled."""
 
     def __init__(self, num_nodes: int):
         self.num_nodes = num_nodes
-        self._buf: Tensor | None = None
+        self._slot: Tensor | None = None
 
     def __getstate__(self) -> dict:
-        return {"num_nodes": self.num_nodes, "_buf": None}
+        return {"num_nodes": self.num_nodes, "_slot": None}
 
-    def vertex_max(self, ids: Tensor, values: Tensor) -> tuple[Tensor, float]:
-        """``(m[ids], Σ_t min(1, m_t))`` with ``m_t`` the largest of ``values`` over t's entries."""
-        if self._buf is None:
-            self._buf = torch.zeros(self.num_nodes, dtype=torch.float64)
-        buf = self._buf
-        buf.scatter_reduce_(0, ids, values, reduce="amax", include_self=True)
-        per_edge = buf.index_select(0, ids)
-        expected = float(buf.clamp(max=1.0).sum())  # O(N) adds, once per round
-        buf.index_fill_(0, ids, 0.0)
-        return per_edge, expected
+    def __call__(self, ids: Tensor) -> tuple[int, Tensor]:
+        """``(U, local)``: the number of distinct ``ids`` and each entry's number among them."""
+        if self._slot is None:
+            self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64)
+        slot = self._slot
+        slot.index_fill_(0, ids, 0)
+        distinct = torch.nonzero(slot == 0).squeeze(1)
+        slot.index_copy_(0, distinct, torch.arange(distinct.numel()))
+        local = slot.index_select(0, ids)
+        slot.index_fill_(0, distinct, -1)
+        return distinct.numel(), local
 
 
-def solve_row_scale(cand: CandidateEdges, pi: Tensor, k: Tensor, c: Tensor) -> Tensor:
+def solve_row_scale(cand: CandidateEdges, inv_pi: Tensor, k: Tensor, c: Tensor) -> Tensor:
     """``c_s`` with ``Σ_{t->s} 1/min(1, c_s π_t) = d_s² / k_s`` for every row (eq. 22, unit weights),
-    by the fixed point ``c <- c · lhs / rhs`` started from ``c``."""
+    by the fixed point ``c <- c · lhs / rhs`` started from ``c``; ``inv_pi`` is ``1/π_t`` per edge."""
     target = cand.deg * cand.deg / k.clamp(min=1.0)
     live = cand.deg > 0
     for _ in range(C_ITERATIONS):
-        p = (c.index_select(0, cand.rows) * pi).clamp(max=1.0)
-        lhs = torch.zeros_like(c).index_add_(0, cand.rows, 1.0 / p)
-        ratio = torch.where(live, lhs / target.clamp(min=1.0), torch.ones_like(c))
+        inv_p = (inv_pi * (1.0 / c).index_select(0, cand.rows)).clamp_(min=1.0)  # 1/min(1, cπ)
+        lhs = torch.zeros_like(c).index_add_(0, cand.rows, inv_p)
+        ratio = torch.where(live, lhs / target.clamp(min=1.0), 1.0)
         c = c * ratio
         if not ratio.numel() or float((ratio - 1.0).abs().max()) <= TOLERANCE:
             break
@@ -129,24 +131,29 @@ def solve_row_scale(cand: CandidateEdges, pi: Tensor, k: Tensor, c: Tensor) -> T
 
 
 def labor_probabilities(
-    cand: CandidateEdges, fanout: int, importance_sampling: int, scratch: MaxScratch
+    cand: CandidateEdges, fanout: int, importance_sampling: int, index: SourceIndex
 ) -> Tensor:
     """``π_ts = min(1, c_s π_t)`` for every candidate edge, after ``importance_sampling`` rounds of
     the fixed-point iteration (0: LABOR-0, -1: until converged, see the module docstring)."""
     if fanout < 0:
         return torch.ones(cand.src.numel(), dtype=torch.float64)
     k = cand.deg.clamp(max=float(fanout))
-    c = torch.where(cand.deg > 0, k / cand.deg.clamp(min=1.0), torch.zeros_like(cand.deg))  # eq. 10-11
-    pi = torch.ones(cand.src.numel(), dtype=torch.float64)
+    c = torch.where(cand.deg > 0, k / cand.deg.clamp(min=1.0), 0.0)  # eq. 10-11
+    if importance_sampling == 0:
+        return c.index_select(0, cand.rows).clamp_(max=1.0)
+    num_sources, local = index(cand.src)
+    pi = torch.ones(num_sources, dtype=torch.float64)
     rounds = MAX_ROUNDS if importance_sampling < 0 else importance_sampling
     expected_prev = float("inf")
     for _ in range(rounds):
-        pi, expected = scratch.vertex_max(cand.src, c.index_select(0, cand.rows) * pi)  # eq. 18
-        c = solve_row_scale(cand, pi, k, c)
+        # eq. 18: π_t <- π_t max_{t->s} c_s, t's inclusion probability in the layer
+        pi = pi * torch.zeros_like(pi).scatter_reduce_(0, local, c.index_select(0, cand.rows), "amax")
+        c = solve_row_scale(cand, (1.0 / pi).index_select(0, local), k, c)
+        expected = float(pi.clamp(max=1.0).sum())
         if expected >= (1.0 - TOLERANCE) * expected_prev:
             break
         expected_prev = expected
-    return (c.index_select(0, cand.rows) * pi).clamp(max=1.0)
+    return (c.index_select(0, cand.rows) * pi.index_select(0, local)).clamp_(max=1.0)
 
 
 def labor_keep(cand: CandidateEdges, prob: Tensor, seed: int) -> Tensor:
@@ -211,7 +218,7 @@ class LaborSampler:
         exact_mass = estimator == "hajek" and normalization == "graph"
         self._row_mass = row_mass(graph, aggregation, self._norm) if exact_mass else None
         self._relabel = Relabeler(graph.num_nodes)
-        self._scratch = MaxScratch(graph.num_nodes)
+        self._sources = SourceIndex(graph.num_nodes)
 
     def sample(self, seeds: Tensor) -> MiniBatch:
         seeds = seeds.to(torch.int64)
@@ -225,7 +232,7 @@ class LaborSampler:
 
     def _sample_layer(self, dst: Tensor, fanout: int) -> tuple[Block, Tensor]:
         cand, _ = in_edge_candidates(self.graph, dst)
-        prob = labor_probabilities(cand, fanout, self.importance_sampling, self._scratch)
+        prob = labor_probabilities(cand, fanout, self.importance_sampling, self._sources)
         keep = labor_keep(cand, prob, draw_layer_seed())
         src, rows, prob = cand.src[keep], cand.rows[keep], prob[keep]
         counts = torch.bincount(rows, minlength=dst.numel())
