@@ -17,10 +17,9 @@ Probabilities (equation numbers of the paper's arXiv version, arXiv:2210.13339).
   (eq. 18: ``π_t`` becomes t's inclusion probability in the layer) and then solves every ``c_s``
   from the variance constraint ``Σ_{t->s} 1 / min(1, c_s π_t) = d_s² / k_s`` (eq. 15, and eq. 22
   with unit edge weights; ``k_s = min(k, d_s)``): each row's estimator keeps node-wise sampling's
-  variance while vertices few destinations need get lower probabilities. ``c_s`` is itself the
-  fixed point of ``c <- c Σ 1/min(1, cπ_t) / (d_s²/k_s)`` (exact in one step while no probability
-  is clipped at 1; 2 steps per round on amazon_photo, at most ``C_ITERATIONS``, stopping at
-  relative error ``TOLERANCE``).
+  variance while vertices few destinations need get lower probabilities. ``c_s`` is solved
+  exactly by water-filling over the probabilities clipped at 1 (``solve_row_scale``, 2-4 passes
+  over the edges).
   ``importance_sampling=-1`` (LABOR-*) iterates until the expected number of sampled vertices
   ``Σ_t min(1, π_t)`` falls by less than a fraction ``TOLERANCE`` in a round, at most
   ``MAX_ROUNDS`` rounds: 13-14 rounds per layer on amazon_photo at fan-out 5 and batch 1024,
@@ -54,6 +53,7 @@ from lightning_mqgnn.sampling.neighbor import NORMALIZATIONS, block_normalizatio
 ESTIMATORS = ("ht", "hajek")
 TOLERANCE = 1e-4
 C_ITERATIONS = 100
+CLIP_SLACK = 1e-12  # c π_t within this of 1 counts as clipped (c = 1/π_t in floating point)
 MAX_ROUNDS = 50
 
 # SplitMix64 constants (Steele, Lea & Flood 2014) as signed int64
@@ -117,18 +117,29 @@ class SourceIndex:
         return distinct.numel(), local
 
 
-def solve_row_scale(cand: CandidateEdges, inv_pi: Tensor, k: Tensor, c: Tensor) -> Tensor:
-    """``c_s`` with ``Σ_{t->s} 1/min(1, c_s π_t) = d_s² / k_s`` for every row (eq. 15/22, unit weights),
-    by the fixed point ``c <- c · lhs / rhs`` started from ``c``; ``inv_pi`` is ``1/π_t`` per edge."""
+def solve_row_scale(cand: CandidateEdges, inv_pi: Tensor, k: Tensor) -> Tensor:
+    """``c_s`` with ``Σ_{t->s} 1/min(1, c_s π_t) = d_s² / k_s`` for every row (eq. 15/22, unit
+    weights); ``inv_pi`` is ``1/π_t`` per edge.
+
+    Water-filling from below: with ``C`` the edges clipped at 1 (``c π_t >= 1``) the equation is
+    ``|C| + Σ_{t∉C} 1/(c π_t) = T``, so ``c = Σ_{t∉C} (1/π_t) / (T - |C|)``. Started at
+    ``Σ_t (1/π_t) / T`` (no clipping assumed), every step stays at or below the root and only
+    grows ``C``; when no row's ``C`` changes, the ``c`` of every row is exact.
+    """
+    rows = cand.rows
     target = cand.deg * cand.deg / k.clamp(min=1.0)
-    live = cand.deg > 0
+    c = row_sums(rows, inv_pi, cand.deg.numel()) / target.clamp(min=1.0)
+    clipped = torch.zeros(inv_pi.numel(), dtype=torch.bool)
+    count_prev = None
     for _ in range(C_ITERATIONS):
-        inv_p = (inv_pi * (1.0 / c).index_select(0, cand.rows)).clamp_(min=1.0)  # 1/min(1, cπ)
-        lhs = torch.zeros_like(c).index_add_(0, cand.rows, inv_p)
-        ratio = torch.where(live, lhs / target.clamp(min=1.0), 1.0)
-        c = c * ratio
-        if not ratio.numel() or float((ratio - 1.0).abs().max()) <= TOLERANCE:
+        # C only grows (ties at c π_t = 1 would otherwise flip with rounding)
+        clipped |= c.index_select(0, rows) >= inv_pi * (1.0 - CLIP_SLACK)
+        count = row_sums(rows, clipped.to(torch.float64), c.numel())
+        if count_prev is not None and torch.equal(count, count_prev):
             break
+        free = row_sums(rows, torch.where(clipped, 0.0, inv_pi), c.numel())
+        c = torch.where(count < cand.deg, free / (target - count).clamp(min=CLIP_SLACK), c)
+        count_prev = count
     return c
 
 
@@ -150,7 +161,7 @@ def labor_probabilities(
     for _ in range(rounds):
         # eq. 18: π_t <- π_t max_{t->s} c_s, t's inclusion probability in the layer
         pi = pi * torch.zeros_like(pi).scatter_reduce_(0, local, c.index_select(0, cand.rows), "amax")
-        c = solve_row_scale(cand, (1.0 / pi).index_select(0, local), k, c)
+        c = solve_row_scale(cand, (1.0 / pi).index_select(0, local), k)
         expected = float(pi.clamp(max=1.0).sum())
         if expected >= (1.0 - TOLERANCE) * expected_prev:
             break
