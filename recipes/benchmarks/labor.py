@@ -37,15 +37,16 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve()
 
 
-def sampler_config(model: str):
-    """The sampler partial of ``conf/model/<model>.yaml``, as the recipe builds it."""
+def sampler_config(model: str, extra: list[str]):
+    """The sampler partial of ``conf/model/<model>.yaml`` with the ``model.*`` overrides among
+    ``extra`` (e.g. ``model.sampler.fanouts=[10,10]``), as the recipe builds it."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
+    overrides = [f"model={model}", "paths.repo=.", "paths.shared_data=."]
+    overrides += [o for o in extra if o.startswith("model.")]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(
-            config_name="config", overrides=[f"model={model}", "paths.repo=.", "paths.shared_data=."]
-        )
+        cfg = compose(config_name="config", overrides=overrides)
     return instantiate(cfg.model.sampler)
 
 
@@ -84,7 +85,7 @@ def run_counts(datasets: list[str], models: list[str], seeds: list[int], args, c
     for name in datasets:
         dataset = cache.setdefault(name, load_dataset(name))
         for model in models:
-            sampler = sampler_config(model)(graph=dataset.graph)
+            sampler = sampler_config(model, args.extra.split())(graph=dataset.graph)
             for seed in seeds:
                 run = count_sampled(sampler, dataset, args.batch_size, seed, args.count_batches)
                 run.update(dataset=name, model=model, seed=seed)
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--config", default="pipeline", help="grid configuration of the training runs")
-    parser.add_argument("--extra", default="", help="more recipe overrides for the training runs")
+    parser.add_argument("--extra", default="", help="more recipe overrides (model.* also for the counts)")
     parser.add_argument("--count-batches", type=int, default=20)
     parser.add_argument("--fanouts", default="5,5", help="speed part; the counts use the model configs'")
     parser.add_argument("--speed-batches", type=int, default=30)
