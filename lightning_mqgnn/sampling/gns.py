@@ -313,7 +313,8 @@ class GNSSampler:
             cand = CandidateEdges(g.indices[sub.indices], sub.row_ids(), cached_count.to(torch.float64))
             prob = labor_probabilities(cand, self.fanouts[0], self.importance_sampling, self._sources)
             keep = labor_keep(cand, prob, draw_layer_seed())
-            nbrs, rows, taken = cand.src[keep], cand.rows[keep], prob[keep]  # P(u taken | u cached)
+            # taken: P(u taken | u cached)
+            nbrs, rows, taken = (t.index_select(0, keep) for t in (cand.src, cand.rows, prob))
             counts = torch.bincount(rows, minlength=dst.numel())
         else:
             counts, pos = sample_neighbor_edges(

@@ -170,8 +170,9 @@ def labor_probabilities(
 
 
 def labor_keep(cand: CandidateEdges, prob: Tensor, seed: int) -> Tensor:
-    """Which candidate edges are kept: ``r_t <= π_ts`` with one ``r_t`` per source vertex."""
-    return shared_uniforms(seed, cand.src) <= prob
+    """Positions of the kept candidate edges (ascending, so rows stay grouped): ``r_t <= π_ts``
+    with one ``r_t`` per source vertex."""
+    return torch.nonzero(shared_uniforms(seed, cand.src) <= prob).squeeze(1)
 
 
 def in_edge_candidates(graph: CSRGraph, dst: Tensor) -> tuple[CandidateEdges, Tensor]:
@@ -247,7 +248,7 @@ class LaborSampler:
         cand, _ = in_edge_candidates(self.graph, dst)
         prob = labor_probabilities(cand, fanout, self.importance_sampling, self._sources)
         keep = labor_keep(cand, prob, draw_layer_seed())
-        src, rows, prob = cand.src[keep], cand.rows[keep], prob[keep]
+        src, rows, prob = (t.index_select(0, keep) for t in (cand.src, cand.rows, prob))
         counts = torch.bincount(rows, minlength=dst.numel())
         src_nodes, local = self._relabel(dst, src)
         if self.normalization == "block":
