@@ -49,8 +49,7 @@ from lightning_mqgnn.sampling.labor import (
     SourceIndex,
     check_labor_arguments,
     draw_layer_seed,
-    labor_keep,
-    labor_probabilities,
+    labor_sample,
 )
 from lightning_mqgnn.sampling.neighbor import NeighborSampler, sample_neighbor_edges, sampled_block
 
@@ -311,10 +310,10 @@ class GNSSampler:
         if self.sampling == "labor":
             # LABOR among the cached neighbours: one shared variate per cached source
             cand = CandidateEdges(g.indices[sub.indices], sub.row_ids(), cached_count.to(torch.float64))
-            prob = labor_probabilities(cand, self.fanouts[0], self.importance_sampling, self._sources)
-            keep = labor_keep(cand, prob, draw_layer_seed())
-            # taken: P(u taken | u cached)
-            nbrs, rows, taken = (t.index_select(0, keep) for t in (cand.src, cand.rows, prob))
+            keep, taken = labor_sample(  # taken: P(u taken | u cached)
+                cand, self.fanouts[0], self.importance_sampling, self._sources, draw_layer_seed()
+            )
+            nbrs, rows = cand.src.index_select(0, keep), cand.rows.index_select(0, keep)
             counts = torch.bincount(rows, minlength=dst.numel())
         else:
             counts, pos = sample_neighbor_edges(

@@ -60,6 +60,8 @@ MAX_ROUNDS = 50
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MIX2 = 0x94D049BB133111EB - (1 << 64)
+_SCALE = float(1 << 53)
+_UNIT = 1.0 / (1 << 53)
 
 
 def _shift_right(z: Tensor, bits: int) -> Tensor:
@@ -67,14 +69,25 @@ def _shift_right(z: Tensor, bits: int) -> Tensor:
     return (z >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def shared_uniforms(seed: int, ids: Tensor) -> Tensor:
-    """One uniform in ``(0, 1]`` per vertex id, the same for every occurrence of an id: SplitMix64
-    of ``seed + id · golden`` (int64 arithmetic wraps), its top 53 bits as a float64."""
+def hash_bits(seed: int, ids: Tensor) -> Tensor:
+    """53 random bits per vertex id, the same for every occurrence of an id: SplitMix64 of
+    ``seed + id · golden`` (int64 arithmetic wraps), its top 53 bits."""
     z = ids.to(torch.int64) * _GOLDEN + seed
     z = (z ^ _shift_right(z, 30)) * _MIX1
     z = (z ^ _shift_right(z, 27)) * _MIX2
-    z = z ^ _shift_right(z, 31)
-    return (_shift_right(z, 11) + 1).to(torch.float64) * (1.0 / (1 << 53))
+    return _shift_right(z ^ _shift_right(z, 31), 11)
+
+
+def shared_uniforms(seed: int, ids: Tensor) -> Tensor:
+    """``r_t`` in ``(0, 1]``: ``(hash_bits + 1) / 2^53``."""
+    return (hash_bits(seed, ids) + 1).to(torch.float64) * _UNIT
+
+
+def below(seed: int, ids: Tensor, prob: Tensor) -> Tensor:
+    """Positions where ``r_t <= prob`` (ascending), compared as integers: ``bits + 1 <= prob 2^53``
+    is ``bits < floor(prob 2^53)`` (exact in float64 for ``prob <= 1``), no float copy of the bits."""
+    threshold = (prob * _SCALE).floor_().to(torch.int64)
+    return torch.nonzero(hash_bits(seed, ids) < threshold).squeeze(1)
 
 
 def draw_layer_seed() -> int:
@@ -169,10 +182,21 @@ def labor_probabilities(
     return (c.index_select(0, cand.rows) * pi.index_select(0, local)).clamp_(max=1.0)
 
 
-def labor_keep(cand: CandidateEdges, prob: Tensor, seed: int) -> Tensor:
-    """Positions of the kept candidate edges (ascending, so rows stay grouped): ``r_t <= π_ts``
-    with one ``r_t`` per source vertex."""
-    return torch.nonzero(shared_uniforms(seed, cand.src) <= prob).squeeze(1)
+def labor_sample(
+    cand: CandidateEdges, fanout: int, importance_sampling: int, index: SourceIndex, seed: int
+) -> tuple[Tensor, Tensor]:
+    """``(keep, prob)``: positions of the kept candidate edges (ascending, so rows stay grouped),
+    kept when ``r_t <= π_ts`` with one ``r_t`` per source vertex, and their ``π_ts``. LABOR-0
+    compares each edge with its row's ``min(1, k/d_s)``: no per-edge probability is built."""
+    if fanout < 0:
+        return torch.arange(cand.src.numel()), torch.ones(cand.src.numel(), dtype=torch.float64)
+    if importance_sampling == 0:
+        p_row = (cand.deg.clamp(max=float(fanout)) / cand.deg.clamp(min=1.0)).clamp_(max=1.0)
+        keep = below(seed, cand.src, p_row.index_select(0, cand.rows))
+        return keep, p_row.index_select(0, cand.rows.index_select(0, keep))
+    prob = labor_probabilities(cand, fanout, importance_sampling, index)
+    keep = below(seed, cand.src, prob)
+    return keep, prob.index_select(0, keep)
 
 
 def in_edge_candidates(graph: CSRGraph, dst: Tensor) -> tuple[CandidateEdges, Tensor]:
@@ -246,9 +270,8 @@ class LaborSampler:
 
     def _sample_layer(self, dst: Tensor, fanout: int) -> tuple[Block, Tensor]:
         cand, _ = in_edge_candidates(self.graph, dst)
-        prob = labor_probabilities(cand, fanout, self.importance_sampling, self._sources)
-        keep = labor_keep(cand, prob, draw_layer_seed())
-        src, rows, prob = (t.index_select(0, keep) for t in (cand.src, cand.rows, prob))
+        keep, prob = labor_sample(cand, fanout, self.importance_sampling, self._sources, draw_layer_seed())
+        src, rows = cand.src.index_select(0, keep), cand.rows.index_select(0, keep)
         counts = torch.bincount(rows, minlength=dst.numel())
         src_nodes, local = self._relabel(dst, src)
         if self.normalization == "block":
