@@ -56,10 +56,11 @@ C_ITERATIONS = 100
 CLIP_SLACK = 1e-12  # c π_t within this of 1 counts as clipped (c = 1/π_t in floating point)
 MAX_ROUNDS = 50
 
-# SplitMix64 constants (Steele, Lea & Flood 2014) as signed int64
-_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
-_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
-_MIX2 = 0x94D049BB133111EB - (1 << 64)
+# SplitMix64 constants (Steele, Lea & Flood 2014) as signed int64 0-dim tensors: multiplying by a
+# Python int beyond 32 bits takes a slow scalar path (~30x slower per element)
+_GOLDEN = torch.tensor(0x9E3779B97F4A7C15 - (1 << 64))
+_MIX1 = torch.tensor(0xBF58476D1CE4E5B9 - (1 << 64))
+_MIX2 = torch.tensor(0x94D049BB133111EB - (1 << 64))
 _SCALE = float(1 << 53)
 _UNIT = 1.0 / (1 << 53)
 
@@ -72,7 +73,7 @@ def _shift_right(z: Tensor, bits: int) -> Tensor:
 def hash_bits(seed: int, ids: Tensor) -> Tensor:
     """53 random bits per vertex id, the same for every occurrence of an id: SplitMix64 of
     ``seed + id · golden`` (int64 arithmetic wraps), its top 53 bits."""
-    z = ids.to(torch.int64) * _GOLDEN + seed
+    z = ids.to(torch.int64) * _GOLDEN + torch.tensor(seed)
     z = (z ^ _shift_right(z, 30)) * _MIX1
     z = (z ^ _shift_right(z, 27)) * _MIX2
     return _shift_right(z ^ _shift_right(z, 31), 11)
