@@ -84,11 +84,15 @@ def shared_uniforms(seed: int, ids: Tensor) -> Tensor:
     return (hash_bits(seed, ids) + 1).to(torch.float64) * _UNIT
 
 
-def below(seed: int, ids: Tensor, prob: Tensor) -> Tensor:
-    """Positions where ``r_t <= prob`` (ascending), compared as integers: ``bits + 1 <= prob 2^53``
-    is ``bits < floor(prob 2^53)`` (exact in float64 for ``prob <= 1``), no float copy of the bits."""
-    threshold = (prob * _SCALE).floor_().to(torch.int64)
-    return torch.nonzero(hash_bits(seed, ids) < threshold).squeeze(1)
+def threshold(prob: Tensor) -> Tensor:
+    """``floor(prob 2^53)`` as int64: ``r_t <= prob`` is ``hash_bits < threshold`` (``bits + 1 <=
+    prob 2^53``, exact in float64 for ``prob <= 1``), compared without a float copy of the bits."""
+    return (prob * _SCALE).floor_().to(torch.int64)
+
+
+def below(seed: int, ids: Tensor, limit: Tensor) -> Tensor:
+    """Positions (ascending) where ``r_t`` of ``ids`` is below its ``threshold`` ``limit``."""
+    return torch.nonzero(hash_bits(seed, ids) < limit).squeeze(1)
 
 
 def draw_layer_seed() -> int:
@@ -193,10 +197,10 @@ def labor_sample(
         return torch.arange(cand.src.numel()), torch.ones(cand.src.numel(), dtype=torch.float64)
     if importance_sampling == 0:
         p_row = (cand.deg.clamp(max=float(fanout)) / cand.deg.clamp(min=1.0)).clamp_(max=1.0)
-        keep = below(seed, cand.src, p_row.index_select(0, cand.rows))
+        keep = below(seed, cand.src, threshold(p_row).index_select(0, cand.rows))
         return keep, p_row.index_select(0, cand.rows.index_select(0, keep))
     prob = labor_probabilities(cand, fanout, importance_sampling, index)
-    keep = below(seed, cand.src, prob)
+    keep = below(seed, cand.src, threshold(prob))
     return keep, prob.index_select(0, keep)
 
 
