@@ -321,10 +321,8 @@ class GNSSampler:
             )
             nbrs = g.indices[sub.indices[pos]]
             rows = torch.repeat_interleave(torch.arange(dst.numel()), counts)
-            q = counts.to(torch.float64) / cached_count.clamp(min=1).to(
-                torch.float64
-            )  # P(u taken | u cached)
-            taken = q[rows]
+            q = counts.to(torch.float64) / cached_count.clamp(min=1).to(torch.float64)
+            taken = q[rows]  # P(u taken | u cached)
         ht = 1.0 / (cache.inclusion[nbrs] * taken)  # Horvitz-Thompson factor
         src_nodes, local = self._relabel(dst, nbrs)
         if self.aggregation == "mean":
