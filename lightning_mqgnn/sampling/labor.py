@@ -61,22 +61,25 @@ MAX_ROUNDS = 50
 _GOLDEN = torch.tensor(0x9E3779B97F4A7C15 - (1 << 64))
 _MIX1 = torch.tensor(0xBF58476D1CE4E5B9 - (1 << 64))
 _MIX2 = torch.tensor(0x94D049BB133111EB - (1 << 64))
+_LOW = {b: torch.tensor((1 << b) - 1) for b in (53, 34, 37, 33)}  # masks of the low b bits
 _SCALE = float(1 << 53)
 _UNIT = 1.0 / (1 << 53)
 
 
-def _shift_right(z: Tensor, bits: int) -> Tensor:
-    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
-    return (z >> bits) & ((1 << (64 - bits)) - 1)
-
-
 def hash_bits(seed: int, ids: Tensor) -> Tensor:
     """53 random bits per vertex id, the same for every occurrence of an id: SplitMix64 of
-    ``seed + id · golden`` (int64 arithmetic wraps), its top 53 bits."""
-    z = ids.to(torch.int64) * _GOLDEN + torch.tensor(seed)
-    z = (z ^ _shift_right(z, 30)) * _MIX1
-    z = (z ^ _shift_right(z, 27)) * _MIX2
-    return _shift_right(z ^ _shift_right(z, 31), 11)
+    ``seed + id · golden`` (int64 arithmetic wraps), its top 53 bits. In place on two buffers: the
+    candidate edges of a layer run into the millions, and a fresh tensor per step costs more than
+    the arithmetic."""
+    z = ids.to(torch.int64) * _GOLDEN
+    z.add_(torch.tensor(seed))
+    t = torch.empty_like(z)
+    for bits, mix in ((30, _MIX1), (27, _MIX2), (31, None)):
+        torch.bitwise_right_shift(z, bits, out=t).bitwise_and_(_LOW[64 - bits])  # logical shift
+        z.bitwise_xor_(t)
+        if mix is not None:
+            z.mul_(mix)
+    return torch.bitwise_right_shift(z, 11, out=t).bitwise_and_(_LOW[53])
 
 
 def shared_uniforms(seed: int, ids: Tensor) -> Tensor:
