@@ -17,6 +17,18 @@ def gcn_norm(graph: CSRGraph) -> Tensor:
     return (graph.in_degrees().to(torch.float64) + 1.0).rsqrt()
 
 
+def row_mass(graph: CSRGraph, aggregation: str, norm: Tensor | None) -> Tensor:
+    """Σ_u P_vu over every in-neighbour u of each node v (self loop excluded): 1 for the mean of a
+    node with neighbours, ``norm_v Σ_u norm_u`` for GCN's L (eq. 2)."""
+    deg = graph.in_degrees()
+    if aggregation == "mean":
+        return (deg > 0).to(torch.float64)
+    sums = torch.zeros(graph.num_nodes, dtype=torch.float64).index_add_(
+        0, graph.row_ids(), norm[graph.indices]
+    )
+    return norm * sums
+
+
 def edge_weights(graph: CSRGraph, aggregation: str) -> tuple[Tensor, Tensor]:
     """Exact weights of every graph edge (CSR order) and of each node's self loop.
 

@@ -5,7 +5,9 @@ Upper layers are ``NeighborSampler``'s. At the input layer a destination ``v`` s
 of its *cached* neighbours uniformly (``q_v = sampled / cached``); neighbour ``u`` gets the
 Horvitz-Thompson weight ``P_vu / (π_u q_v)``. Over the cache draw and the sampling,
 ``E[Σ w_uv h_u] = Σ_u P_vu h_u``: the aggregation is unbiased (GNS's estimator; for a fixed cache it
-is not). So the input layer only reads cached features, plus the destinations' own rows.
+is not). So the input layer only reads cached features, plus the destinations' own rows. With
+``sampling="labor"`` every layer samples as ``LaborSampler`` (the input layer among the cached
+neighbours), and the within-cache probability ``π_ts`` of LABOR takes the place of ``q_v``.
 ``estimator="hajek"`` rescales each row's HT weights to the row's exact mass ``Σ_u P_vu``
 (self-normalised: consistent, not unbiased): rarely cached nodes no longer arrive with 1/π_u
 weights in the hundreds, which on a generated products-like graph cost GCN half its accuracy.
@@ -21,9 +23,19 @@ from torch import Tensor
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.base import Relabeler, row_positions
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
-from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm
+from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm, row_mass
 from lightning_mqgnn.sampling.feature_cache import GNSCache
+from lightning_mqgnn.sampling.labor import (
+    CandidateEdges,
+    LaborSampler,
+    SourceIndex,
+    check_labor_arguments,
+    draw_layer_seed,
+    labor_sample,
+)
 from lightning_mqgnn.sampling.neighbor import NeighborSampler, sample_neighbor_edges, sampled_block
+
+LAYER_SAMPLING = ("neighbor", "labor")
 
 
 class GNSSampler:
@@ -31,6 +43,10 @@ class GNSSampler:
 
     ``fanouts`` input layer first, as ``NeighborSampler``; ``fanouts[0]`` caps the cached
     neighbours taken per node (-1: all). Blocks keep destinations as a source prefix.
+    ``sampling="labor"`` samples every layer with LABOR (``LaborSampler``, ``importance_sampling``
+    fixed-point rounds): the upper layers as ``LaborSampler`` does, the input layer among each
+    node's cached neighbours (``d_s`` = cached neighbours, one shared variate per cached source),
+    so ``π_ts`` replaces ``q_v`` in the Horvitz-Thompson weight ``P_vu / (π_u π_ts)``.
     """
 
     def __init__(
@@ -41,7 +57,13 @@ class GNSSampler:
         aggregation: str = "mean",
         replace: bool = False,
         estimator: str = "ht",
+        sampling: str = "neighbor",
+        importance_sampling: int = 0,
     ):
+        if sampling not in LAYER_SAMPLING:
+            raise ValueError(f"GNS layer sampling must be one of {LAYER_SAMPLING}, got {sampling!r}")
+        if sampling == "labor":
+            check_labor_arguments(aggregation, estimator, importance_sampling)
         if estimator not in ("ht", "hajek"):
             raise ValueError(f"GNS estimator must be 'ht' or 'hajek', got {estimator!r}")
         if aggregation not in AGGREGATIONS:
@@ -62,7 +84,14 @@ class GNSSampler:
         self.cache = cache
         self.aggregation = aggregation
         self.num_layers = len(fanouts)
-        self._upper = NeighborSampler(graph, fanouts[1:], aggregation, replace) if len(fanouts) > 1 else None
+        self.sampling = sampling
+        self.importance_sampling = int(importance_sampling)
+        self._upper = None
+        if len(fanouts) > 1 and sampling == "labor":
+            self._upper = LaborSampler(graph, fanouts[1:], aggregation, importance_sampling, estimator)
+        elif len(fanouts) > 1:
+            self._upper = NeighborSampler(graph, fanouts[1:], aggregation, replace)
+        self._sources = SourceIndex(graph.num_nodes)
         self._norm = gcn_norm(graph)
         self._relabel = Relabeler(graph.num_nodes)
         self.estimator = estimator
@@ -87,12 +116,23 @@ class GNSSampler:
         deg = g.indptr[dst + 1] - g.indptr[dst]
         sub = cached_edges(cache, dst)
         cached_count = sub.in_degrees()
-        counts, pos = sample_neighbor_edges(sub, torch.arange(dst.numel()), self.fanouts[0], replace=False)
-        edge_pos = sub.indices[pos]
-        nbrs = g.indices[edge_pos]
-        rows = torch.repeat_interleave(torch.arange(dst.numel()), counts)
-        q = counts.to(torch.float64) / cached_count.clamp(min=1).to(torch.float64)  # P(u taken | u cached)
-        ht = 1.0 / (cache.inclusion[nbrs] * q[rows])  # Horvitz-Thompson factor
+        if self.sampling == "labor":
+            # LABOR among the cached neighbours: one shared variate per cached source
+            cand = CandidateEdges(g.indices[sub.indices], sub.row_ids(), cached_count.to(torch.float64))
+            keep, taken = labor_sample(  # taken: P(u taken | u cached)
+                cand, self.fanouts[0], self.importance_sampling, self._sources, draw_layer_seed()
+            )
+            nbrs, rows = cand.src.index_select(0, keep), cand.rows.index_select(0, keep)
+            counts = torch.bincount(rows, minlength=dst.numel())
+        else:
+            counts, pos = sample_neighbor_edges(
+                sub, torch.arange(dst.numel()), self.fanouts[0], replace=False
+            )
+            nbrs = g.indices[sub.indices[pos]]
+            rows = torch.repeat_interleave(torch.arange(dst.numel()), counts)
+            q = counts.to(torch.float64) / cached_count.clamp(min=1).to(torch.float64)
+            taken = q[rows]  # P(u taken | u cached)
+        ht = 1.0 / (cache.inclusion[nbrs] * taken)  # Horvitz-Thompson factor
         src_nodes, local = self._relabel(dst, nbrs)
         if self.aggregation == "mean":
             p = 1.0 / deg[rows].to(torch.float64)  # P_vu of the neighbour mean (eq. 17)
@@ -105,18 +145,6 @@ class GNSSampler:
             w = w * (self._row_mass[dst][rows] / total[rows])
         self_weights = None if self.aggregation == "mean" else self._norm[dst] ** 2
         return sampled_block(src_nodes.numel(), counts, local, w, self_weights=self_weights), src_nodes
-
-
-def row_mass(graph: CSRGraph, aggregation: str, norm: Tensor) -> Tensor:
-    """Σ_u P_vu over every in-neighbour u of each node v (self loop excluded): 1 for the mean of a
-    node with neighbours, ``norm_v Σ_u norm_u`` for GCN's L (eq. 2)."""
-    deg = graph.in_degrees()
-    if aggregation == "mean":
-        return (deg > 0).to(torch.float64)
-    sums = torch.zeros(graph.num_nodes, dtype=torch.float64).index_add_(
-        0, graph.row_ids(), norm[graph.indices]
-    )
-    return norm * sums
 
 
 def cached_edges(cache: GNSCache, dst: Tensor) -> CSRGraph:
@@ -140,8 +168,18 @@ def gns_sampler(
     period: int = 1,
     seed: int = 0,
     estimator: str = "ht",
+    sampling: str = "neighbor",
+    importance_sampling: int = 0,
 ) -> GNSSampler:
     """A ``GNSSampler`` with its own cache over ``graph``'s training split, for configs: the
     recipe hands ``sampler.cache`` to the DataModule, which refreshes it and keeps it resident."""
     cache = GNSCache(graph, train_idx, fraction=fraction, period=period, fanouts=tuple(fanouts), seed=seed)
-    return GNSSampler(graph, fanouts, cache, aggregation=aggregation, estimator=estimator)
+    return GNSSampler(
+        graph,
+        fanouts,
+        cache,
+        aggregation=aggregation,
+        estimator=estimator,
+        sampling=sampling,
+        importance_sampling=importance_sampling,
+    )
