@@ -67,7 +67,7 @@ def seed_batches(dataset, batch_size: int, seed: int, limit: int) -> list[tuple[
 
 def count_sampled(sampler, dataset, batch_size: int, seed: int, limit: int) -> dict:
     """Mean input vertices and edges per batch over the first ``limit`` training batches."""
-    from lightning_mqgnn.pipeline.schedule import batch_rng_seed
+    from lightning_mqgnn.sampling.rng import batch_rng_seed
 
     inputs, edges = [], []
     for epoch, i, seeds in seed_batches(dataset, batch_size, seed, limit):
@@ -161,8 +161,8 @@ def dgl_speed(dataset_name: str, fanouts: list[int], seeds: list[int], args) -> 
     """ms per batch and input vertices per batch, ours and DGL's, LABOR-0 and LABOR-*."""
     from benchmarks.dgl_baseline import load_dataset
     from lightning_mqgnn.graph.dgl_graph import import_dgl, to_dgl
-    from lightning_mqgnn.pipeline.schedule import batch_rng_seed
     from lightning_mqgnn.sampling.labor import LaborSampler
+    from lightning_mqgnn.sampling.rng import batch_rng_seed
 
     dgl = import_dgl()
     dataset = load_dataset(dataset_name)

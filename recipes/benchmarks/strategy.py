@@ -147,20 +147,21 @@ def _make_strategies():
     return TimedDDPStrategy, TimedMQGNNStrategy
 
 
-def _run_worker(args: argparse.Namespace) -> None:
+def mlp_module(features: int, hidden: int):
+    """The strategy benchmarks' model: an MLP classifier (features -> hidden -> hidden -> 10) as a
+    LightningModule with Adam 1e-3, big enough that its gradient all-reduce is worth hiding."""
     import lightning.pytorch as pl
     from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
-
-    torch.set_num_threads(1)
-    timed_ddp, timed_mqgnn = _make_strategies()
 
     class MLP(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            h = args.hidden
             self.net = nn.Sequential(
-                nn.Linear(args.features, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10)
+                nn.Linear(features, hidden),
+                nn.ReLU(),
+                nn.Linear(hidden, hidden),
+                nn.ReLU(),
+                nn.Linear(hidden, 10),
             )
 
         def training_step(self, batch, batch_idx):
@@ -168,6 +169,16 @@ def _run_worker(args: argparse.Namespace) -> None:
 
         def configure_optimizers(self):
             return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    return MLP()
+
+
+def _run_worker(args: argparse.Namespace) -> None:
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.set_num_threads(1)
+    timed_ddp, timed_mqgnn = _make_strategies()
 
     class StepClock(pl.Callback):
         def __init__(self) -> None:
@@ -208,7 +219,10 @@ def _run_worker(args: argparse.Namespace) -> None:
                     enable_progress_bar=False,
                     enable_model_summary=False,
                 )
-                trainer.fit(MLP(), DataLoader(TensorDataset(x, y), batch_size=args.batch_size))
+                trainer.fit(
+                    mlp_module(args.features, args.hidden),
+                    DataLoader(TensorDataset(x, y), batch_size=args.batch_size),
+                )
                 w, steps = args.warmup, len(clock.ends) - args.warmup
                 record = {
                     "config": name,

@@ -30,26 +30,14 @@ CONFIGS = {"DDPStrategy": None, "mqgnn s=0": 0, "mqgnn s=1": 1}  # name: stalene
 def _run_worker(args: argparse.Namespace) -> None:
     import lightning.pytorch as pl
     from lightning.pytorch.strategies import DDPStrategy
-    from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_mqgnn.strategy import MQGNNStrategy
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find benchmarks/
+    from benchmarks.strategy import mlp_module
+
     torch.set_num_threads(1)
-
-    class MLP(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            h = args.hidden
-            self.net = nn.Sequential(
-                nn.Linear(args.features, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10)
-            )
-
-        def training_step(self, batch, batch_idx):
-            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
-
-        def configure_optimizers(self):
-            return torch.optim.Adam(self.parameters(), lr=1e-3)
 
     class EpochClock(pl.Callback):
         def __init__(self) -> None:
@@ -91,7 +79,10 @@ def _run_worker(args: argparse.Namespace) -> None:
                 enable_progress_bar=False,
                 enable_model_summary=False,
             )
-            trainer.fit(MLP(), DataLoader(TensorDataset(x, y), batch_size=args.batch_size))
+            trainer.fit(
+                mlp_module(args.features, args.hidden),
+                DataLoader(TensorDataset(x, y), batch_size=args.batch_size),
+            )
             record = {
                 "config": name,
                 "round": round_,
