@@ -16,7 +16,7 @@ from torch import Tensor
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset, split_mask
 from lightning_mqgnn.graph.download import check_download
-from lightning_mqgnn.graph.validate import validate_dataset
+from lightning_mqgnn.graph.validate import converted_dataset
 
 # name -> (dgl.data class, metric). Only datasets with a single graph and train/val/test masks.
 # Reddit is scored by micro-F1 as in the paper (Table 1); for single-label tasks micro-F1 equals accuracy.
@@ -96,24 +96,9 @@ def from_dgl(
         labels = labels.to(torch.int64)
     elif labels.dim() == 2 and not labels.is_floating_point():
         labels = labels.to(torch.float32)  # multi-label 0/1 stored as integers
-    if num_classes is None:
-        if labels.dim() == 2:
-            num_classes = int(labels.shape[1])
-        else:
-            num_classes = int(labels.max()) + 1 if labels.numel() else 0
     train_idx, val_idx, test_idx = (_mask_to_idx(name, g, key) for key in masks)
-    ds = GraphDataset(
-        name=name,
-        graph=graph,
-        features=features.contiguous(),
-        labels=labels.contiguous(),
-        train_idx=train_idx,
-        val_idx=val_idx,
-        test_idx=test_idx,
-        num_classes=int(num_classes),
-        metric=metric,
-    )
-    return validate_dataset(ds, source="DGLGraph")
+    splits_idx = (train_idx, val_idx, test_idx)
+    return converted_dataset(name, graph, features, labels, splits_idx, num_classes, metric, "DGLGraph")
 
 
 def load_dgl_builtin(name: str, raw_dir: str | None = None, download: bool = True) -> GraphDataset:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset, split_mask
-from lightning_mqgnn.graph.validate import validate_dataset
+from lightning_mqgnn.graph.validate import converted_dataset
 
 SPLITS = ("train", "val", "test")
 
@@ -154,24 +154,11 @@ def from_pyg(
     if not features.is_complex():  # validate_dataset rejects what cannot be float32
         features = features.to(torch.float32)
     labels = _labels(who, _field(data, "y"))
-    if num_classes is None:
-        if labels.dim() == 2:
-            num_classes = int(labels.shape[1])
-        else:
-            num_classes = int(labels.max()) + 1 if labels.numel() else 0
     train_idx, val_idx, test_idx = _splits(who, data, splits, num_nodes)
-    ds = GraphDataset(
-        name=name,
-        graph=graph,
-        features=features.contiguous(),
-        labels=labels.contiguous(),
-        train_idx=train_idx,
-        val_idx=val_idx,
-        test_idx=test_idx,
-        num_classes=int(num_classes),
-        metric=metric,
+    splits_idx = (train_idx, val_idx, test_idx)
+    return converted_dataset(
+        name, graph, features, labels, splits_idx, num_classes, metric, "torch_geometric Data"
     )
-    return validate_dataset(ds, source="torch_geometric Data")
 
 
 def to_pyg_data(dataset: GraphDataset) -> Any:

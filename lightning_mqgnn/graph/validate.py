@@ -225,3 +225,35 @@ def describe_graph(graph: CSRGraph) -> GraphReport:
         max_degree=int(deg.max()) if graph.num_nodes else 0,
         mean_degree=graph.num_edges / max(graph.num_nodes, 1),
     )
+
+
+def converted_dataset(
+    name: str,
+    graph: CSRGraph,
+    features: Tensor,
+    labels: Tensor,
+    splits: tuple[Tensor, Tensor, Tensor],
+    num_classes: int | None,
+    metric: str,
+    source: str,
+) -> GraphDataset:
+    """A ``GraphDataset`` from another library's graph (DGL, PyG), checked like every loaded one.
+    ``num_classes`` defaults to the label width of multi-label ``[N, T]`` labels, else ``max + 1``."""
+    if num_classes is None:
+        if labels.dim() == 2:
+            num_classes = int(labels.shape[1])
+        else:
+            num_classes = int(labels.max()) + 1 if labels.numel() else 0
+    train_idx, val_idx, test_idx = splits
+    ds = GraphDataset(
+        name=name,
+        graph=graph,
+        features=features.contiguous(),
+        labels=labels.contiguous(),
+        train_idx=train_idx,
+        val_idx=val_idx,
+        test_idx=test_idx,
+        num_classes=int(num_classes),
+        metric=metric,
+    )
+    return validate_dataset(ds, source=source)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from lightning_mqgnn.sampling.batch import MiniBatch
+from lightning_mqgnn.sampling.batch import Block, MiniBatch
 
 
 def row_positions(starts: Tensor, counts: Tensor) -> Tensor:
@@ -70,3 +71,19 @@ class Relabeler:
         nodes = torch.cat([prefix, new])
         slot.index_fill_(0, nodes, -1)  # leave the scratch clean for the next call
         return nodes, local
+
+
+def sample_top_down(
+    seeds: Tensor, fanouts: Sequence[int], sample_layer: Callable[[Tensor, int], tuple[Block, Tensor]]
+) -> MiniBatch:
+    """The node-wise samplers' loop: from the output layer down, ``sample_layer(dst, fanout)``
+    returns a layer's block and its sources, which are the next layer's destinations; the blocks
+    come out input layer first."""
+    seeds = seeds.to(torch.int64)
+    dst = seeds
+    blocks: list[Block] = []
+    for fanout in reversed(fanouts):
+        block, dst = sample_layer(dst, fanout)
+        blocks.append(block)
+    blocks.reverse()
+    return MiniBatch(input_nodes=dst, output_nodes=seeds, blocks=blocks)

@@ -146,3 +146,20 @@ class MiniBatch:
         out[hit] = cache.index_select(0, self.cache_slots[hit])
         out[~hit] = self.features
         return out
+
+
+def check_exportable(batch: MiniBatch, reader: str) -> None:
+    """Refuse a batch another library's layers (``reader``: "DGL", "PyG") cannot read: one whose
+    first layer was aggregated in the gather stage (they read the input rows themselves), or whose
+    blocks do not chain (each layer's destinations are the next layer's sources)."""
+    if batch.aggregated is not None:
+        raise ValueError(
+            f"mini-batch carries its first layer's aggregation, not the input rows {reader} layers read: "
+            "build the DataModule with aggregate_inputs=False"
+        )
+    for i, (lower, upper) in enumerate(zip(batch.blocks, batch.blocks[1:])):
+        if lower.num_dst != upper.num_src:
+            raise ValueError(
+                f"mini-batch block {i} has {lower.num_dst} destination nodes but block {i + 1} has "
+                f"{upper.num_src} source nodes"
+            )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from lightning_mqgnn.graph.dgl_graph import import_dgl
-from lightning_mqgnn.sampling.batch import Block, MiniBatch
+from lightning_mqgnn.sampling.batch import Block, MiniBatch, check_exportable
 
 if TYPE_CHECKING:
     import dgl
@@ -39,17 +39,7 @@ def to_dgl_blocks(batch: MiniBatch, cache: Tensor | None = None) -> list[dgl.Blo
     and ``blocks[-1].dstdata["label"]`` the labels; global ids are in ``srcdata/dstdata[dgl.NID]``
     of the first and last block."""
     dgl = import_dgl()
-    if batch.aggregated is not None:
-        raise ValueError(
-            "mini-batch carries its first layer's aggregation, not the input rows DGL layers read: "
-            "build the DataModule with aggregate_inputs=False"
-        )
-    for i, (lower, upper) in enumerate(zip(batch.blocks, batch.blocks[1:])):
-        if lower.num_dst != upper.num_src:
-            raise ValueError(
-                f"mini-batch block {i} has {lower.num_dst} destination nodes but block {i + 1} has "
-                f"{upper.num_src} source nodes"
-            )
+    check_exportable(batch, "DGL")
     blocks = [block_to_dgl(b) for b in batch.blocks]
     blocks[0].srcdata[dgl.NID] = batch.input_nodes
     blocks[-1].dstdata[dgl.NID] = batch.output_nodes

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
-from lightning_mqgnn.sampling.base import Relabeler, row_positions
+from lightning_mqgnn.sampling.base import Relabeler, row_positions, sample_top_down
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm, row_mass
 from lightning_mqgnn.sampling.neighbor import NORMALIZATIONS, block_normalization, sampled_block
@@ -267,14 +267,7 @@ class LaborSampler:
         self._sources = SourceIndex(graph.num_nodes)
 
     def sample(self, seeds: Tensor) -> MiniBatch:
-        seeds = seeds.to(torch.int64)
-        dst = seeds
-        blocks: list[Block] = []
-        for fanout in reversed(self.fanouts):  # top-down: output layer first
-            block, dst = self._sample_layer(dst, fanout)
-            blocks.append(block)
-        blocks.reverse()
-        return MiniBatch(input_nodes=dst, output_nodes=seeds, blocks=blocks)
+        return sample_top_down(seeds, self.fanouts, self._sample_layer)
 
     def _sample_layer(self, dst: Tensor, fanout: int) -> tuple[Block, Tensor]:
         cand, _ = in_edge_candidates(self.graph, dst)

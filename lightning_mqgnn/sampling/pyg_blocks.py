@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_mqgnn.sampling.batch import Block, MiniBatch
+from lightning_mqgnn.sampling.batch import Block, MiniBatch, check_exportable
 
 
 @dataclass
@@ -59,17 +59,7 @@ def to_pyg(batch: MiniBatch, cache: Tensor | None = None) -> PyGBatch:
     Refuses a batch whose first layer was aggregated in the gather stage (``batch.aggregated``):
     PyG layers read the input rows themselves.
     """
-    if batch.aggregated is not None:
-        raise ValueError(
-            "mini-batch carries its first layer's aggregation, not the input rows PyG layers read: "
-            "build the DataModule with aggregate_inputs=False"
-        )
-    for i, (lower, upper) in enumerate(zip(batch.blocks, batch.blocks[1:])):
-        if lower.num_dst != upper.num_src:
-            raise ValueError(
-                f"mini-batch block {i} has {lower.num_dst} destination nodes but block {i + 1} has "
-                f"{upper.num_src} source nodes"
-            )
+    check_exportable(batch, "PyG")
     return PyGBatch(
         blocks=[block_to_pyg(b) for b in batch.blocks],
         n_id=batch.input_nodes,
