@@ -348,3 +348,22 @@ def test_strategy_configs_instantiate(name):
     else:
         assert isinstance(strategy, MQGNNStrategy)
         assert strategy.staleness == 1 and strategy.sync_period is None and strategy.sync_scale == 100.0
+
+
+def test_comm_stats_are_logged_on_the_loggers_steps_and_at_each_epochs_last_batch():
+    from types import SimpleNamespace
+
+    from lightning_mqgnn.strategy import CommStatsMonitor
+
+    logged: list[int] = []
+    stats = SimpleNamespace(as_dict=lambda: {"steps": 1.0})
+    module = SimpleNamespace(log_dict=lambda metrics, **kw: logged.append(trainer.global_step))
+    trainer = SimpleNamespace(strategy=SimpleNamespace(comm_stats=stats), log_every_n_steps=5)
+    monitor = CommStatsMonitor()
+    for step in range(1, 13):  # global_step after each optimiser step; epochs of 6 batches
+        trainer.global_step, trainer.is_last_batch = step, step % 6 == 0
+        monitor.on_train_batch_end(trainer, module, None, None, step - 1)
+    assert logged == [5, 6, 10, 12]
+    trainer.strategy = SimpleNamespace()  # another strategy: nothing to log
+    monitor.on_train_batch_end(trainer, module, None, None, 12)
+    assert logged == [5, 6, 10, 12]
