@@ -5,23 +5,12 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 from typing_extensions import override
 
 from lightning_mqgnn.fullgraph.batch import PartitionBatch
-from lightning_mqgnn.models.layers import LAYERS
-from lightning_mqgnn.models.metrics import make_metric, metric_input
+from lightning_mqgnn.models.layers import layer_stack
+from lightning_mqgnn.models.metrics import make_metric, metric_input, node_loss
 from lightning_mqgnn.models.node_classifier import AGGREGATION_OF_CONV
-
-
-def summed_node_loss(logits: Tensor, labels: Tensor, multilabel: bool) -> Tensor:
-    """Cross-entropy summed over nodes (binary cross-entropy averaged over tasks when multi-label),
-    so ranks' shares add up to the full graph's loss."""
-    if multilabel:
-        return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="sum") / max(
-            1, labels.shape[1]
-        )
-    return F.cross_entropy(logits, labels, reduction="sum")
 
 
 class FullGraphNodeClassifier(pl.LightningModule):
@@ -45,11 +34,8 @@ class FullGraphNodeClassifier(pl.LightningModule):
         multilabel: bool = False,
     ):
         super().__init__()
-        if conv not in LAYERS:
-            raise ValueError(f"unknown conv {conv!r}; expected one of {sorted(LAYERS)}")
+        self.layers = nn.ModuleList(layer_stack(conv, in_dim, hidden, num_classes, num_layers))
         self.save_hyperparameters()
-        dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
-        self.layers = nn.ModuleList(LAYERS[conv](a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.dropout = nn.Dropout(dropout)
         self.aggregation = AGGREGATION_OF_CONV[conv]
         self.val_metric = make_metric(metric, num_classes, multilabel)
@@ -71,7 +57,8 @@ class FullGraphNodeClassifier(pl.LightningModule):
     def training_step(self, batch: PartitionBatch, batch_idx: int) -> Tensor:
         logits = self(batch)
         mask = batch.train_mask
-        loss = summed_node_loss(logits[mask], batch.labels[mask], self.hparams.multilabel) * batch.loss_scale
+        # summed over the rank's nodes, so the ranks' shares add up to the full graph's loss
+        loss = node_loss(logits[mask], batch.labels[mask], self.hparams.multilabel, "sum") * batch.loss_scale
         self.log("train/loss", loss, prog_bar=True, batch_size=1, sync_dist=True)
         return loss
 

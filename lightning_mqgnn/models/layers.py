@@ -79,3 +79,18 @@ class SAGELayer(nn.Module):
 
 
 LAYERS = {"gcn": GCNLayer, "sage": SAGELayer}
+
+
+def layer_dims(in_dim: int, hidden: int, out_dim: int, num_layers: int) -> list[int]:
+    """Widths of a stack of ``num_layers`` layers: ``in_dim``, ``hidden`` between them, ``out_dim``."""
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    return [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+
+
+def layer_stack(conv: str, in_dim: int, hidden: int, out_dim: int, num_layers: int) -> list[nn.Module]:
+    """``num_layers`` layers of ``LAYERS[conv]`` (GCN or SAGE) over ``layer_dims``."""
+    if conv not in LAYERS:
+        raise ValueError(f"unknown conv {conv!r}; expected one of {sorted(LAYERS)}")
+    dims = layer_dims(in_dim, hidden, out_dim, num_layers)
+    return [LAYERS[conv](a, b) for a, b in zip(dims[:-1], dims[1:])]

@@ -33,8 +33,10 @@ def metric_input(logits: Tensor, metric: str, multilabel: bool) -> Tensor:
     return logits
 
 
-def node_loss(logits: Tensor, labels: Tensor, multilabel: bool) -> Tensor:
-    """Cross-entropy, or the per-task binary cross-entropy of eq. 19 for multi-label tasks."""
+def node_loss(logits: Tensor, labels: Tensor, multilabel: bool, reduction: str = "mean") -> Tensor:
+    """Cross-entropy, or the per-task binary cross-entropy of eq. 19 for multi-label tasks.
+    ``reduction="sum"`` sums over nodes (tasks stay averaged): what full-graph ranks add up."""
     if multilabel:
-        return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
-    return F.cross_entropy(logits, labels)
+        loss = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction=reduction)
+        return loss / max(1, labels.shape[1]) if reduction == "sum" else loss
+    return F.cross_entropy(logits, labels, reduction=reduction)

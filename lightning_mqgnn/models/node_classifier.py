@@ -12,7 +12,7 @@ from typing_extensions import override
 
 from lightning_mqgnn.models.dropout import ReLUDropout
 from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference
-from lightning_mqgnn.models.layers import LAYERS
+from lightning_mqgnn.models.layers import layer_stack
 from lightning_mqgnn.models.metrics import make_metric, metric_input, node_loss
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 
@@ -162,11 +162,8 @@ class NodeClassifier(NodeClassifierBase):
         metric: str = "accuracy",
         multilabel: bool = False,
     ):
-        if conv not in LAYERS:
-            raise ValueError(f"unknown conv {conv!r}; expected one of {sorted(LAYERS)}")
-        dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
         super().__init__(
-            [LAYERS[conv](a, b) for a, b in zip(dims[:-1], dims[1:])],
+            layer_stack(conv, in_dim, hidden, num_classes, num_layers),
             AGGREGATION_OF_CONV[conv],
             num_classes=num_classes,
             dropout=dropout,

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_mqgnn.graph.pyg import import_pyg
+from lightning_mqgnn.models.layers import layer_dims
 from lightning_mqgnn.models.node_classifier import NodeClassifierBase
 from lightning_mqgnn.sampling.batch import Block
 from lightning_mqgnn.sampling.pyg_blocks import block_to_pyg
@@ -124,18 +125,12 @@ def _is_factory(layers: LayerStack) -> bool:
     return callable(layers) and not isinstance(layers, nn.Module)
 
 
-def _dims(in_dim: int, hidden: int, num_classes: int, num_layers: int) -> list[int]:
-    if num_layers < 1:
-        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-    return [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
-
-
 def sage_stack(in_dim: int, num_classes: int, hidden: int = 256, num_layers: int = 2) -> list[nn.Module]:
     """PyG ``SAGEConv`` (mean) layers: GraphSAGE-mean (eq. 17), with ``aggregation="mean"``."""
     import_pyg()
     from torch_geometric.nn import SAGEConv
 
-    dims = _dims(in_dim, hidden, num_classes, num_layers)
+    dims = layer_dims(in_dim, hidden, num_classes, num_layers)
     return [SAGEConv(a, b, aggr="mean") for a, b in zip(dims[:-1], dims[1:])]
 
 
@@ -144,7 +139,7 @@ def gcn_stack(in_dim: int, num_classes: int, hidden: int = 256, num_layers: int 
     import_pyg()
     from torch_geometric.nn import GCNConv
 
-    dims = _dims(in_dim, hidden, num_classes, num_layers)
+    dims = layer_dims(in_dim, hidden, num_classes, num_layers)
     return [GCNConv(a, b, normalize=False, add_self_loops=False) for a, b in zip(dims[:-1], dims[1:])]
 
 
@@ -162,7 +157,7 @@ def gat_stack(
     import_pyg()
     from torch_geometric.nn import GATConv
 
-    dims = _dims(in_dim, hidden, num_classes, num_layers)
+    dims = layer_dims(in_dim, hidden, num_classes, num_layers)
     layers: list[nn.Module] = []
     width = in_dim
     for i, out in enumerate(dims[1:]):
