@@ -173,9 +173,31 @@ def mlp_module(features: int, hidden: int):
     return MLP()
 
 
-def _run_worker(args: argparse.Namespace) -> None:
+def fit_mlp(strategy, world: int, clock, args: argparse.Namespace, x, y, **limit):
+    """One quiet fit of ``mlp_module`` on ``(x, y)`` with ``world`` CPU ranks under ``strategy``,
+    ``clock`` its only callback and ``limit`` its length (``max_steps`` or ``max_epochs``)."""
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader, TensorDataset
+
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy=strategy,
+        callbacks=[clock],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **limit,
+    )
+    trainer.fit(
+        mlp_module(args.features, args.hidden), DataLoader(TensorDataset(x, y), batch_size=args.batch_size)
+    )
+    return trainer
+
+
+def _run_worker(args: argparse.Namespace) -> None:
+    import lightning.pytorch as pl
 
     torch.set_num_threads(1)
     timed_ddp, timed_mqgnn = _make_strategies()
@@ -208,21 +230,7 @@ def _run_worker(args: argparse.Namespace) -> None:
                 else:
                     strategy = timed_mqgnn(delay_ms / 1000, staleness=staleness, sync_period=args.sync_period)
                 clock = StepClock()
-                trainer = pl.Trainer(
-                    accelerator="cpu",
-                    devices=world,
-                    strategy=strategy,
-                    max_steps=n_steps,
-                    callbacks=[clock],
-                    logger=False,
-                    enable_checkpointing=False,
-                    enable_progress_bar=False,
-                    enable_model_summary=False,
-                )
-                trainer.fit(
-                    mlp_module(args.features, args.hidden),
-                    DataLoader(TensorDataset(x, y), batch_size=args.batch_size),
-                )
+                trainer = fit_mlp(strategy, world, clock, args, x, y, max_steps=n_steps)
                 w, steps = args.warmup, len(clock.ends) - args.warmup
                 record = {
                     "config": name,

@@ -30,12 +30,11 @@ CONFIGS = {"DDPStrategy": None, "mqgnn s=0": 0, "mqgnn s=1": 1}  # name: stalene
 def _run_worker(args: argparse.Namespace) -> None:
     import lightning.pytorch as pl
     from lightning.pytorch.strategies import DDPStrategy
-    from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_mqgnn.strategy import MQGNNStrategy
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find benchmarks/
-    from benchmarks.strategy import mlp_module
+    from benchmarks.strategy import fit_mlp
 
     torch.set_num_threads(1)
 
@@ -68,21 +67,7 @@ def _run_worker(args: argparse.Namespace) -> None:
                 DDPStrategy() if staleness is None else MQGNNStrategy(staleness=staleness, sync_period=20)
             )
             clock = EpochClock()
-            trainer = pl.Trainer(
-                accelerator="cpu",
-                devices=world,
-                strategy=strategy,
-                max_epochs=args.epochs,
-                callbacks=[clock],
-                logger=False,
-                enable_checkpointing=False,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-            )
-            trainer.fit(
-                mlp_module(args.features, args.hidden),
-                DataLoader(TensorDataset(x, y), batch_size=args.batch_size),
-            )
+            trainer = fit_mlp(strategy, world, clock, args, x, y, max_epochs=args.epochs)
             record = {
                 "config": name,
                 "round": round_,
