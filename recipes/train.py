@@ -1,7 +1,7 @@
 """Train a node classifier: ``python recipes/train.py model=sage data=cora [key=value ...]``.
 
 Prints the best validation metric, the test metric of the best-validation checkpoint, the paper's
-batch time and the training time. Bad input ends with one ``error:`` line and exit code 2.
+batch time, the training time and every rank's peak memory. Bad input ends with one ``error:`` line and exit code 2.
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lightning_mqgnn.callbacks import BatchEarlyStopping, BatchTimer, GPUBusyMonitor, StageTimingCallback
+from lightning_mqgnn.callbacks import (
+    BatchEarlyStopping,
+    BatchTimer,
+    GPUBusyMonitor,
+    PeakMemoryMonitor,
+    StageTimingCallback,
+)
 from lightning_mqgnn.strategy import CommStatsMonitor, MQGNNStrategy  # also registers "mqgnn"
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +80,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if getattr(module, "full_graph", False) != getattr(loader.func, "full_graph", False):
         raise RecipeError(
             f"model {cfg.model.name!r} and loader {loader.func.__name__} do not fit: full-graph training "
-            "takes strategy=graph_parallel, pipegcn or pipeqs, which pick the model and loader"
+            "takes strategy=graph_parallel, pipegcn, pipeqs or gnnpipe, which pick the model and loader"
         )
     if getattr(module, "full_graph", False):  # each rank's partition is the one batch of an epoch
         datamodule, batches = loader(dataset=dataset, aggregation=module.aggregation), 1
@@ -82,7 +88,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         datamodule = sampled_datamodule(cfg, loader, dataset, module)
         batches = datamodule_batches(datamodule, world)
     callbacks = recipe_callbacks(cfg, strategy)
-    timer, gpu_busy, checkpoint = callbacks[:3]
+    timer, gpu_busy, checkpoint, memory = callbacks[:4]
     trainer = instantiate(
         cfg.trainer,
         callbacks=callbacks,
@@ -110,7 +116,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             f"test={result.get('test', float('nan')):.4f} epochs={trainer.current_epoch} "
             f"batches={result['batches']} batch_time_ms={result['batch_time_ms']:.2f} "
             f"batch_time_std_ms={result['batch_time_std_ms']:.2f} train_time_s={result['train_time_s']:.2f}{busy}"
-            f"{strategy_result_fields(strategy)}",
+            f"{strategy_result_fields(strategy)}{memory.result_fields()}",
             flush=True,
         )
     return result
@@ -141,13 +147,14 @@ def sampled_datamodule(cfg: DictConfig, loader, dataset, module) -> pl.Lightning
 
 
 def recipe_callbacks(cfg: DictConfig, strategy) -> list[pl.Callback]:
-    """The recipe's callbacks: batch timer, GPU busy monitor and best-validation checkpoint first
-    (``train`` reads them), then early stopping, stage timing, the strategy's counters and, with
-    the progress bar on, a bar refreshed once per logging interval."""
+    """The recipe's callbacks: batch timer, GPU busy monitor, best-validation checkpoint and peak
+    memory first (``train`` reads them), then early stopping, stage timing, the strategy's counters
+    and, with the progress bar on, a bar refreshed once per logging interval."""
     callbacks = [
         BatchTimer(),
         GPUBusyMonitor(),
         ModelCheckpoint(monitor="val/metric", mode="max", save_top_k=1, filename="best"),
+        PeakMemoryMonitor(),
         BatchEarlyStopping(**cfg.early_stopping),
         StageTimingCallback(cuda_sync=False),  # no device wait inside a step: host-side times
         *strategy_callbacks(strategy),

@@ -92,6 +92,16 @@ class FullGraphDataModule(pl.LightningDataModule):
             return 0, 1
         return self.trainer.global_rank, self.trainer.world_size
 
+    def partition_layout(self) -> tuple[int, int]:
+        """(number of partitions, this rank's partition): one per rank, unless the strategy
+        groups ranks (GNNPipe's pipeline stages share their way's partition)."""
+        if self.trainer is None:
+            return 1, 0
+        layout = getattr(self.trainer.strategy, "partition_layout", None)
+        if callable(layout):
+            return layout()
+        return self.trainer.world_size, self.trainer.global_rank
+
     def graph_stats(self) -> tuple[int, int]:
         return self.dataset.num_nodes, self.dataset.graph.num_edges
 
@@ -99,22 +109,20 @@ class FullGraphDataModule(pl.LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.batch is not None:
             return
-        rank, world = self.rank_and_world()
-        self.book = self.partition_book(world)
-        self.batch = partition_batch(self.dataset, self.book, rank, self.aggregation)
+        num_parts, part = self.partition_layout()
+        self.book = self.partition_book(num_parts)
+        self.batch = partition_batch(self.dataset, self.book, part, self.aggregation)
 
     def partition_book(self, world: int) -> PartitionBook:
+        """The book of ``world`` partitions: loaded, or made on rank 0 and broadcast."""
         graph = self.dataset.graph
         if world > graph.num_nodes:
-            raise ValueError(
-                f"{world} ranks need {world} partitions, but {self.dataset.name} has only "
-                f"{graph.num_nodes} nodes"
-            )
+            raise ValueError(f"{world} partitions, but {self.dataset.name} has only {graph.num_nodes} nodes")
         if self.book_path is not None and self.book_path.exists():
             book = PartitionBook.load(self.book_path, graph)
             if book.num_parts != world:
                 raise ValueError(
-                    f"{self.book_path}: partition book has {book.num_parts} parts, the run has {world} ranks"
+                    f"{self.book_path}: partition book has {book.num_parts} parts, the run needs {world}"
                 )
             return book
         if self.partitioner == "metis":
@@ -125,7 +133,7 @@ class FullGraphDataModule(pl.LightningDataModule):
             parts = partition(graph, world, self.seed)
         else:
             parts = torch.empty(graph.num_nodes, dtype=torch.int64)
-        if world > 1 and dist.is_available() and dist.is_initialized():
+        if self.rank_and_world()[1] > 1 and dist.is_available() and dist.is_initialized():
             dist.broadcast(parts, src=0)
         book = PartitionBook(parts, world, graph_fingerprint(graph), self.partitioner)
         book.check_nonempty()

@@ -1,4 +1,4 @@
-"""A full-graph GCN/SAGE node classifier on one rank's partition."""
+"""A full-graph GCN, SAGE or GCNII node classifier on one rank's partition."""
 
 from __future__ import annotations
 
@@ -8,15 +8,17 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from lightning_mqgnn.fullgraph.batch import PartitionBatch
-from lightning_mqgnn.models.layers import layer_stack
+from lightning_mqgnn.fullgraph.stacks import ConvStack, GCNIIStack
 from lightning_mqgnn.models.metrics import make_metric, metric_input, node_loss
 from lightning_mqgnn.models.node_classifier import AGGREGATION_OF_CONV
 
 
 class FullGraphNodeClassifier(pl.LightningModule):
-    """GCN or SAGE layers over the whole graph, one partition per rank. Same arguments as
-    ``NodeClassifier``; each layer after the first reads its halo rows through
-    ``PartitionBatch.with_halo``, which the full-graph strategy provides."""
+    """GCN, SAGE or GCNII layers over the whole graph, one partition per rank. Same arguments as
+    ``NodeClassifier``, plus GCNII's ``alpha`` and ``theta`` (``conv="gcnii"``, eq. 5-6); each
+    layer after the first reads its halo rows through ``PartitionBatch.with_halo``, which the
+    full-graph strategy provides. The layers are a ``stack`` (``stacks``) that the GNNPipe
+    strategy can also run stage by stage."""
 
     full_graph = True
 
@@ -32,26 +34,35 @@ class FullGraphNodeClassifier(pl.LightningModule):
         weight_decay: float = 0.0,
         metric: str = "accuracy",
         multilabel: bool = False,
+        alpha: float = 0.1,
+        theta: float = 0.5,
     ):
         super().__init__()
-        self.layers = nn.ModuleList(layer_stack(conv, in_dim, hidden, num_classes, num_layers))
         self.save_hyperparameters()
-        self.dropout = nn.Dropout(dropout)
-        self.aggregation = AGGREGATION_OF_CONV[conv]
+        if conv == "gcnii":
+            self.stack = GCNIIStack(in_dim, hidden, num_classes, num_layers, dropout, alpha, theta)
+            self.aggregation = "gcn"  # P̃ = D̃^-1/2 (A + I) D̃^-1/2
+        else:
+            self.stack = ConvStack(conv, in_dim, hidden, num_classes, num_layers, dropout)
+            self.aggregation = AGGREGATION_OF_CONV[conv]
         self.val_metric = make_metric(metric, num_classes, multilabel)
         self.test_metric = make_metric(metric, num_classes, multilabel)
 
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The convolutions (the stack's embedding and head aside)."""
+        return self.stack.layers
+
     @override
     def forward(self, batch: PartitionBatch) -> Tensor:
-        """Logits of the partition's inner nodes."""
-        h = batch.features
-        for i, layer in enumerate(self.layers):
-            if i > 0:
-                h = batch.with_halo(i, h)
-            h = layer(batch.block, h)
-            if i < len(self.layers) - 1:
-                h = self.dropout(torch.relu(h))
-        return h
+        """Logits of the partition's inner nodes. The embedding runs on every local row, halo
+        included, so the first convolution needs no exchange."""
+        stack, block = self.stack, batch.block
+        h0 = stack.embed(batch.features)
+        h = h0
+        for i in range(stack.num_convs):
+            h = stack.conv(i, block, h if i == 0 else batch.with_halo(i, h), h0[: block.num_dst])
+        return stack.head(h)
 
     @override
     def training_step(self, batch: PartitionBatch, batch_idx: int) -> Tensor:
@@ -63,11 +74,12 @@ class FullGraphNodeClassifier(pl.LightningModule):
         return loss
 
     def _score(self, batch: PartitionBatch, mask: Tensor, metric, name: str) -> None:
-        logits = self(batch)[mask]
-        metric.update(
-            metric_input(logits, self.hparams.metric, self.hparams.multilabel), batch.labels[mask].long()
-        )
-        self.log(name, metric, prog_bar=True, batch_size=int(mask.sum()))
+        self.score(self(batch)[mask], batch.labels[mask], metric, name)
+
+    def score(self, logits: Tensor, labels: Tensor, metric, name: str) -> None:
+        """Add ``logits`` of labelled nodes to ``metric`` and log it (summed over ranks)."""
+        metric.update(metric_input(logits, self.hparams.metric, self.hparams.multilabel), labels.long())
+        self.log(name, metric, prog_bar=True, batch_size=max(1, int(labels.shape[0])))
 
     @override
     def validation_step(self, batch: PartitionBatch, batch_idx: int) -> None:

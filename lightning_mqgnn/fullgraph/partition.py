@@ -10,7 +10,7 @@ peer expects.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -90,6 +90,11 @@ class LocalPartition:
     def local_ids(self) -> Tensor:
         """Global id of every local row: inner first, then each peer's halo block."""
         return torch.cat([self.inner, *self.halo])
+
+    def to(self, device: torch.device | str) -> LocalPartition:
+        """The partition with what computation indexes (block, send lists) on ``device``; the
+        global ids stay where they are."""
+        return replace(self, block=self.block.to(device), send_idx=[i.to(device) for i in self.send_idx])
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from typing_extensions import override
 from lightning_mqgnn.fullgraph.adaptive import AdaptiveRule
 from lightning_mqgnn.fullgraph.batch import PartitionBatch
 from lightning_mqgnn.fullgraph.halo import HaloExchanger
+from lightning_mqgnn.fullgraph.reduce import reduce_gradients
 from lightning_mqgnn.fullgraph.transport import Transport
 
 TransportFactory = Callable[[int, int, Any], Transport]
@@ -161,11 +162,6 @@ class FullGraphStrategy(DDPStrategy):
         signals and bytes summed, then the adaptive rule advances."""
         ex = self.exchanger
         assert ex is not None
-        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-        for p in params:  # every rank must contribute the same layout, used parameters or not
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad.reshape(-1) for p in params]
         extra = torch.cat(
             [
                 ex.signals(),
@@ -179,18 +175,7 @@ class FullGraphStrategy(DDPStrategy):
             ]
         )
         self._bytes_mark = ex.bytes_sent
-        flat = torch.cat([torch.cat(grads).to(torch.float64), extra.to(grads[0].device)]) if grads else extra
-        if self.world_size > 1:
-            dist.all_reduce(flat)
-        if grads:
-            n = sum(g.numel() for g in grads)
-            averaged = (flat[:n] / self.world_size).to(grads[0].dtype)
-            offset = 0
-            for p in params:
-                k = p.grad.numel()
-                p.grad.copy_(averaged[offset : offset + k].view_as(p.grad))
-                offset += k
-            flat = flat[n:]
+        flat = reduce_gradients(optimizer, extra, self.world_size, divide_by=self.world_size)
         loss_mean = float(flat[-2]) / self.world_size
         self.epoch_losses.append(loss_mean)
         self.epoch_bytes.append(int(flat[-1]))

@@ -13,12 +13,25 @@ class HaloExchangeError(RuntimeError):
 class Transport:
     """Sends ``sends[p]`` to and receives ``recvs[p]`` (preallocated) from every peer ``p`` with
     ``isend``/``irecv`` on ``group``, and counts the bytes it sends. Empty messages are not sent
-    (both sides know the sizes). Subclass and override ``exchange`` to model a different link."""
+    (both sides know the sizes). Subclass and override ``exchange`` to model a different link.
 
-    def __init__(self, rank: int, world_size: int, group: dist.ProcessGroup | None = None):
+    ``rank`` and the peers are positions ``0 .. world_size - 1`` of a layout (partitions, pipeline
+    stages); ``global_ranks[p]`` is the process rank behind position ``p`` (default: ``p``).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        group: dist.ProcessGroup | None = None,
+        global_ranks: list[int] | None = None,
+    ):
         self.rank = rank
         self.world_size = world_size
         self.group = group
+        self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(world_size))
+        if len(self.global_ranks) != world_size:
+            raise ValueError(f"Transport: {len(self.global_ranks)} global ranks for {world_size} peers")
         self.bytes_sent = 0
         self.messages_sent = 0
 
@@ -28,10 +41,11 @@ class Transport:
             for peer in range(self.world_size):
                 if peer == self.rank:
                     continue
+                other = self.global_ranks[peer]
                 if recvs[peer].numel():
-                    works.append(dist.irecv(recvs[peer], src=peer, group=self.group, tag=tag))
+                    works.append(dist.irecv(recvs[peer], src=other, group=self.group, tag=tag))
                 if sends[peer].numel():
-                    works.append(dist.isend(sends[peer], dst=peer, group=self.group, tag=tag))
+                    works.append(dist.isend(sends[peer], dst=other, group=self.group, tag=tag))
                     self.bytes_sent += sends[peer].numel() * sends[peer].element_size()
                     self.messages_sent += 1
             for work in works:

@@ -65,7 +65,7 @@ def test_datamodule_refuses_a_book_with_another_number_of_parts(tmp_path):
     path = tmp_path / "book.pt"
     PartitionBook.build(ds.graph, 2, "metis").save(path)
     dm = FullGraphDataModule(ds, book_path=str(path))
-    with pytest.raises(ValueError, match="2 parts, the run has 4 ranks"):
+    with pytest.raises(ValueError, match="2 parts, the run needs 4"):
         dm.partition_book(4)
 
 

@@ -1,0 +1,490 @@
+"""GNNPipe's layer pipeline on one rank: this rank's stage computes its consecutive convolutions
+for every chunk of its way's partition, receiving each chunk's input rows from the previous stage
+and sending its output rows to the next.
+
+Schedule (one optimizer step per epoch, so weights are never stale): all chunks forward in an
+order shared by every rank, then all chunks backward in the reverse order (GPipe's
+all-forward-then-all-backward). A chunk's convolution aggregates rows of other chunks: they come
+from this stage's history of the layer's input (``history[l]``: the rows some chunk or peer reads,
+``chunks.history_slots``), written as each chunk passes, so rows of chunks earlier in this epoch's order are fresh and the others are one
+epoch old. Gradients with respect to those rows are scattered into ``grad_history[l]`` and added
+to the rows' gradients when their chunk is backpropagated later in the same backward pass; the
+ones that arrive after their chunk was done are dropped. The chunk order is shuffled every epoch
+(same seed on every rank) so that no chunk always reads stale rows and no dependency always loses
+its gradient: each cross-chunk dependency is fresh, and its gradient kept, with probability about
+one half. ``history_grad_scale`` = 2 compensates that in expectation (GNNPipe's correction); the
+default 1 keeps the gradients as they are, which trained better in our runs (the doubled
+gradients of the fresh half add variance).
+
+With ``recompute`` the forward keeps only each chunk's input rows and reruns the chunk, with the
+same dropout masks, in the backward (activation recomputation): activation memory is one chunk's
+instead of the whole partition's.
+
+In the hybrid (several ways), a way's inner rows are a graph partition: rows of other partitions
+(halo) are exchanged with the same stage of the other ways once per layer and epoch, after the
+forward (values) and after the backward (gradients, added in the next epoch's backward), so halo
+rows and their gradients are one epoch old, as in PipeGCN.
+
+Before the first training epoch an exact forward fills the history (no stale start from zeros).
+Evaluation runs the exact forward over the whole partition, stage by stage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lightning_mqgnn.fullgraph.batch import PartitionBatch
+from lightning_mqgnn.fullgraph.chunks import Chunk, HistorySlots, chunk_partition, history_slots
+from lightning_mqgnn.fullgraph.layout import PipelineLayout
+from lightning_mqgnn.fullgraph.stacks import Stack
+from lightning_mqgnn.fullgraph.transport import Transport
+from lightning_mqgnn.models.metrics import node_loss
+
+# message kinds, part of every tag so that the streams of one link never mix
+FORWARD, BACKWARD, EVAL, HALO_VALUES, HALO_GRADS, HALO_EVAL = range(1, 7)
+TAG_BITS = 20
+
+
+@dataclass
+class Staleness:
+    """How old the history rows a stage read were: ``reads`` rows read, ``stale`` of them written
+    in an earlier epoch than the one reading them, ``max_age`` in epochs."""
+
+    reads: int = 0
+    stale: int = 0
+    max_age: int = 0
+
+    @property
+    def stale_fraction(self) -> float:
+        return self.stale / self.reads if self.reads else 0.0
+
+
+@dataclass
+class _ChunkRun:
+    """What the backward of one chunk needs from its forward."""
+
+    chunk: int
+    x_in: Tensor | None  # the received input rows (stages after the first)
+    out: Tensor | None  # the stage's output rows, with the autograd graph (without recompute)
+    ext: dict[int, Tensor]  # history rows read per layer, leaves whose .grad is kept
+    rng: tuple[Tensor, Tensor | None]  # RNG state before the forward, for the recomputation
+    loss: Tensor | None = None  # last stage, without recompute
+
+
+class LayerPipeline:
+    """The layer pipeline of ``rank`` under ``layout`` over its way's partition ``batch`` (see the
+    module docstring).
+
+    ``transport_factory(position, size, group, global_ranks)`` builds the point-to-point links;
+    ``num_chunks`` chunks per partition, cut by ``chunking`` ('metis' or 'random'); ``staleness``
+    collects the ages of the history rows read (shared across pipelines when given).
+    """
+
+    def __init__(
+        self,
+        batch: PartitionBatch,
+        widths: list[int],
+        layout: PipelineLayout,
+        rank: int,
+        transport_factory: Callable[..., Transport] = Transport,
+        group=None,
+        num_chunks: int = 8,
+        chunking: str = "metis",
+        seed: int = 0,
+        shuffle: bool = True,
+        recompute: bool = True,
+        history_grad_scale: float = 1.0,
+        staleness: Staleness | None = None,
+    ):
+        if history_grad_scale <= 0:
+            raise ValueError(f"history_grad_scale must be > 0, got {history_grad_scale}")
+        part = batch.partition
+        if part.num_parts != layout.ways:
+            raise ValueError(f"partition has {part.num_parts} parts but the layout has {layout.ways} ways")
+        self.layout = layout
+        self.rank = rank
+        self.way, self.stage = layout.way_of(rank), layout.stage_of(rank)
+        self.layers = layout.layers_of(self.stage)
+        self.first, self.last = self.stage == 0, self.stage == layout.stages - 1
+        self.widths = widths
+        self.num_inner = part.num_inner
+        self.seed, self.shuffle, self.recompute = seed, shuffle, recompute
+        self.history_grad_scale = history_grad_scale
+        self.chunks = chunk_partition(part, num_chunks, chunking, seed)
+        send_all = torch.cat(part.send_idx) if part.send_idx else torch.empty(0, dtype=torch.int64)
+        halo_rows = torch.arange(part.num_inner, part.block.num_src)
+        self.kept, self.slots = history_slots(
+            self.chunks, torch.cat([send_all, halo_rows]), part.block.num_src
+        )
+        slot = torch.full((part.block.num_src,), -1, dtype=torch.int64)
+        slot[self.kept] = torch.arange(self.kept.numel())
+        self.send_slots = slot[send_all]  # peers read these inner rows (the hybrid)
+        self.halo_slots = slot[halo_rows]
+        stage_ranks = [layout.rank_of(self.way, s) for s in range(layout.stages)]
+        self.link = transport_factory(self.stage, layout.stages, group, stage_ranks)
+        way_ranks = [layout.rank_of(w, self.stage) for w in range(layout.ways)]
+        self.halo_link = (
+            transport_factory(self.way, layout.ways, group, way_ranks) if layout.ways > 1 else None
+        )
+        self.part = part
+        # per history layer, one row per kept row (``self.kept``): values, the epoch each was
+        # written in, and the gradients other chunks (or peers) sent back for it
+        self.history: dict[int, Tensor] = {}
+        self.written: dict[int, Tensor] = {}
+        self.grad_history: dict[int, Tensor] = {}
+        self.staleness = staleness if staleness is not None else Staleness()
+        self.bytes_sent = 0  # training messages only
+        self.wait_s = 0.0
+        self.epoch = 0
+        self._tags: dict[tuple[int, str], int] = {}
+        self._runs: list[_ChunkRun] = []
+        self._order: list[int] = []
+        self._sends: list[Future] = []
+        self._halo_pending: Future | None = None
+        self._grads_pending: Future | None = None
+        self._device = torch.device("cpu")
+        self._allocated = False
+        self._warm = False
+        self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="gnnpipe")
+
+    # ------------------------------------------------------------------ public
+    def history_layers(self) -> list[int]:
+        """The layers whose input rows this stage keeps a history of (the first convolution reads
+        exact embeddings instead)."""
+        return [layer for layer in self.layers if layer > 0]
+
+    def chunk_order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.chunks)))
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(len(self.chunks), generator=gen).tolist()
+
+    def forward_phase(self, stack: Stack, batch: PartitionBatch, epoch: int) -> Tensor:
+        """Every chunk through this stage's layers; returns this rank's summed training loss over
+        the global number of training nodes (zero on stages other than the last)."""
+        self._to_device(batch.features.device)
+        self.epoch = epoch
+        if not self._warm:
+            self._warm_up(stack, batch)
+            self._warm = True
+        self._finish_halo_refresh()
+        self._order = self.chunk_order(epoch)
+        self._runs = []
+        total = torch.zeros((), device=self._device)
+        for c in self._order:
+            chunk = self.chunks[c]
+            x_in = (
+                None
+                if self.first
+                else self._recv(FORWARD, self.stage - 1, chunk.num_rows, self.widths[self.layers[0]])
+            )
+            rng = _rng_state(self._device)
+            run = _ChunkRun(c, x_in, None, {}, rng)
+            if self.recompute:
+                with torch.no_grad():
+                    out = self._chunk_forward(stack, batch, run, record=True)
+            else:
+                if x_in is not None:
+                    x_in.requires_grad_(True)
+                out = self._chunk_forward(stack, batch, run, record=True)
+                run.out = out
+            if self.last:
+                loss = self._chunk_loss(stack, batch, chunk, out)
+                run.loss = None if self.recompute else loss
+                total = total + loss.detach()
+            else:
+                self._send(FORWARD, self.stage + 1, out.detach())
+            self._runs.append(run)
+        self._wait_sends()
+        if self.halo_link is not None:
+            self._start_halo_refresh()
+        return total
+
+    def backward_phase(self, stack: Stack, batch: PartitionBatch) -> None:
+        """Every chunk backward in the reverse order; parameter gradients accumulate in ``.grad``."""
+        for layer in self.history_layers():
+            g = self.grad_history[layer]
+            g.zero_()
+        self._add_remote_grads()
+        for run in reversed(self._runs):
+            chunk = self.chunks[run.chunk]
+            if self.recompute:
+                if run.x_in is not None:
+                    run.x_in.requires_grad_(True)
+                with torch.random.fork_rng(devices=_rng_devices(self._device)):
+                    _set_rng_state(run.rng, self._device)
+                    out = self._chunk_forward(stack, batch, run, record=False)
+                    loss = self._chunk_loss(stack, batch, chunk, out) if self.last else None
+            else:
+                out, loss = run.out, run.loss
+            if self.last:
+                assert loss is not None
+                loss.backward()
+            else:
+                grad = self._recv(BACKWARD, self.stage + 1, chunk.num_rows, out.shape[1])
+                out.backward(grad)
+            slots = self.slots[run.chunk]
+            for layer, ext in run.ext.items():
+                if ext.grad is not None:
+                    self.grad_history[layer].index_add_(0, slots.ext_slots, ext.grad * self._ext_scale(chunk))
+            if not self.first:
+                assert run.x_in is not None and run.x_in.grad is not None
+                self._send(BACKWARD, self.stage - 1, run.x_in.grad)
+            run.out = run.loss = None
+            run.ext = {}
+        self._runs = []
+        self._wait_sends()
+        if self.halo_link is not None:
+            self._start_grad_return()
+
+    @torch.no_grad()
+    def exact_forward(self, stack: Stack, batch: PartitionBatch, training: bool = False) -> Tensor | None:
+        """The exact forward of the whole partition, stage after stage; the logits of the inner
+        rows on the last stage, None elsewhere. ``training``: fill the history (the warm-up)."""
+        self._to_device(batch.features.device)
+        block, n = self.part.block, self.num_inner
+        kind = FORWARD if training else EVAL
+        src = None
+        if self.first:
+            src = stack.embed(batch.features)
+            h0, h = src[:n], src[:n]
+        else:
+            h0 = stack.embed(batch.features[:n])
+            h = self._recv(kind, self.stage - 1, n, self.widths[self.layers[0]])
+        for layer in self.layers:
+            if layer > 0:
+                halo = self._exact_halo(h, training)
+                src = torch.cat([h, halo])
+                if training:
+                    self.history[layer].copy_(src[self.kept])
+                    self.written[layer].fill_(self.epoch)
+            h = stack.conv(layer, block, src, h0)
+        if self.last:
+            return stack.head(h)
+        self._send(kind, self.stage + 1, h, count=training)
+        self._wait_sends()
+        return None
+
+    def close(self) -> None:
+        """Finish the messages in flight (peers wait for them) and stop the thread."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    # ------------------------------------------------------------------ the chunk computation
+    def _chunk_forward(self, stack: Stack, batch: PartitionBatch, run: _ChunkRun, record: bool) -> Tensor:
+        chunk, slots = self.chunks[run.chunk], self.slots[run.chunk]
+        block, n = chunk.block, chunk.num_rows
+        if self.first:
+            src = stack.embed(batch.features[chunk.source_rows()])  # exact: no history for layer 0
+            h0, h = src[:n], src[:n]
+        else:
+            h0, h = stack.embed(batch.features[chunk.rows]), run.x_in
+        for layer in self.layers:
+            if layer > 0:
+                if record:
+                    self.history[layer][slots.write_slots] = h.detach()[slots.write_pos]
+                    self.written[layer][slots.write_slots] = self.epoch
+                    self._count_reads(layer, slots)
+                ext = self.history[layer][slots.ext_slots]
+                if torch.is_grad_enabled():  # a leaf whose gradient goes to grad_history
+                    run.ext[layer] = ext.requires_grad_(True)
+                if h.requires_grad and slots.write_pos.numel():
+                    h.register_hook(_add_rows(self.grad_history[layer], slots))
+                src = torch.cat([h, ext])
+            h = stack.conv(layer, block, src, h0)
+        return h
+
+    def _chunk_loss(self, stack: Stack, batch: PartitionBatch, chunk: Chunk, out: Tensor) -> Tensor:
+        mask = batch.train_mask[chunk.rows]
+        logits = stack.head(out[mask])
+        multilabel = batch.labels.dim() > 1
+        labels = batch.labels[chunk.rows][mask]
+        return node_loss(logits, labels, multilabel, "sum") / batch.num_train_global
+
+    def _ext_scale(self, chunk: Chunk) -> Tensor:
+        """Per ext row: ``history_grad_scale`` for rows of other chunks (whose gradient arrives
+        in time about half the time), 1 for halo rows (their gradients are all returned)."""
+        scale = torch.ones(chunk.ext.numel(), 1, device=self._device)
+        scale[chunk.ext < self.num_inner] = self.history_grad_scale
+        return scale
+
+    def _count_reads(self, layer: int, slots: HistorySlots) -> None:
+        if not slots.ext_slots.numel():
+            return
+        age = self.epoch - self.written[layer][slots.ext_slots]
+        self.staleness.reads += int(age.numel())
+        self.staleness.stale += int((age > 0).sum())
+        self.staleness.max_age = max(self.staleness.max_age, int(age.max()))
+
+    # ------------------------------------------------------------------ state and warm-up
+    def _to_device(self, device: torch.device) -> None:
+        """Move the chunks and partition to ``device`` and allocate the history there (once)."""
+        if device == self._device and self._allocated:
+            return
+        self._device, self._allocated = device, True
+        self.chunks = [c.to(device) for c in self.chunks]
+        self.slots = [s.to(device) for s in self.slots]
+        self.kept, self.send_slots, self.halo_slots = (
+            t.to(device) for t in (self.kept, self.send_slots, self.halo_slots)
+        )
+        self.part = self.part.to(device)
+        rows = int(self.kept.numel())
+        for layer in self.history_layers():
+            width = self.widths[layer]
+            self.history[layer] = torch.zeros(rows, width, device=device)
+            self.written[layer] = torch.full((rows,), -1, dtype=torch.int64, device=device)
+            self.grad_history[layer] = torch.zeros(rows, width, device=device)
+
+    def _warm_up(self, stack: Stack, batch: PartitionBatch) -> None:
+        was_training = stack.training
+        stack.train(False)
+        try:
+            self.exact_forward(stack, batch, training=True)
+        finally:
+            stack.train(was_training)
+
+    # ------------------------------------------------------------------ messages
+    def _tag(self, kind: int, direction: str) -> int:
+        key = (kind, direction)
+        count = self._tags.get(key, 0)
+        self._tags[key] = count + 1
+        return (kind << TAG_BITS) | (count % (1 << TAG_BITS))
+
+    def _send(self, kind: int, stage: int, rows: Tensor, count: bool = True) -> None:
+        """Send ``rows`` to ``stage`` of this way on the communication thread."""
+        payload = rows.detach().to("cpu", torch.float32).contiguous()
+        if count and kind in (FORWARD, BACKWARD):
+            self.bytes_sent += payload.numel() * payload.element_size()
+        sends = [torch.empty(0)] * self.layout.stages
+        sends[stage] = payload
+        recvs = [torch.empty(0)] * self.layout.stages
+        tag, link = self._tag(kind, "send"), self.link
+        self._sends.append(self._submit(lambda: link.exchange(sends, recvs, tag)))
+
+    def _recv(self, kind: int, stage: int, rows: int, width: int) -> Tensor:
+        recvs = [torch.empty(0)] * self.layout.stages
+        recvs[stage] = torch.empty(rows, width)
+        sends = [torch.empty(0)] * self.layout.stages
+        start = time.perf_counter()
+        self.link.exchange(sends, recvs, self._tag(kind, "recv"))
+        self.wait_s += time.perf_counter() - start
+        return recvs[stage].to(self._device)
+
+    def _submit(self, job) -> Future:
+        if self._executor is None:
+            raise RuntimeError("layer pipeline is closed")
+        return self._executor.submit(job)
+
+    def _wait_sends(self) -> None:
+        sends, self._sends = self._sends, []
+        start = time.perf_counter()
+        for future in sends:
+            future.result()
+        self.wait_s += time.perf_counter() - start
+
+    def _halo_exchange(
+        self, rows_of_peer: list[Tensor], recv_counts: list[int], width: int, kind: int
+    ) -> Future:
+        """Send ``rows_of_peer[p]`` to way ``p`` of this stage and receive ``recv_counts[p]`` rows
+        from each, on the communication thread; the future gives the received rows concatenated."""
+        assert self.halo_link is not None
+        sends = [r.detach().to("cpu", torch.float32).contiguous() for r in rows_of_peer]
+        if kind != HALO_EVAL:
+            self.bytes_sent += sum(s.numel() * s.element_size() for s in sends)
+        recvs = [torch.empty(k, width) for k in recv_counts]
+        tag, link = self._tag(kind, "both"), self.halo_link
+
+        def job() -> Tensor:
+            link.exchange(sends, recvs, tag)
+            return torch.cat(recvs) if recvs else torch.empty(0, width)
+
+        return self._submit(job)
+
+    def _result(self, future: Future) -> Tensor:
+        start = time.perf_counter()
+        try:
+            return future.result().to(self._device)
+        finally:
+            self.wait_s += time.perf_counter() - start
+
+    def _exact_halo(self, h: Tensor, training: bool) -> Tensor:
+        """This layer's halo rows, exchanged now (evaluation and warm-up)."""
+        if self.halo_link is None:
+            return h.new_empty(0, h.shape[1])
+        part = self.part
+        sends = [h[idx] for idx in part.send_idx]
+        kind = HALO_VALUES if training else HALO_EVAL
+        return self._result(self._halo_exchange(sends, part.recv_counts, h.shape[1], kind))
+
+    def _start_halo_refresh(self) -> None:
+        """Send this epoch's inner rows of every history layer to the ways that read them."""
+        part = self.part
+        futures = []
+        for layer in self.history_layers():
+            rows = torch.split(self.history[layer][self.send_slots], [int(i.numel()) for i in part.send_idx])
+            futures.append(self._halo_exchange(list(rows), part.recv_counts, self.widths[layer], HALO_VALUES))
+        self._halo_pending = futures  # type: ignore[assignment]
+
+    def _finish_halo_refresh(self) -> None:
+        futures = self._halo_pending
+        if not futures:
+            return
+        self._halo_pending = None
+        for layer, future in zip(self.history_layers(), futures):  # type: ignore[arg-type]
+            rows = self._result(future)
+            self.history[layer][self.halo_slots] = rows
+            self.written[layer][self.halo_slots] = self.epoch - 1
+
+    def _start_grad_return(self) -> None:
+        """Return the gradients of the halo rows, gathered over this backward, to their owners."""
+        part = self.part
+        futures = []
+        for layer in self.history_layers():
+            halo_grads = self.grad_history[layer][self.halo_slots]
+            rows = list(torch.split(halo_grads, part.recv_counts))
+            counts = [int(i.numel()) for i in part.send_idx]
+            futures.append(self._halo_exchange(rows, counts, self.widths[layer], HALO_GRADS))
+        self._grads_pending = futures  # type: ignore[assignment]
+
+    def _add_remote_grads(self) -> None:
+        futures = self._grads_pending
+        if not futures:
+            return
+        self._grads_pending = None
+        for layer, future in zip(self.history_layers(), futures):  # type: ignore[arg-type]
+            returned = self._result(future)
+            if returned.numel():
+                self.grad_history[layer].index_add_(0, self.send_slots, returned)
+
+
+def _add_rows(buffer: Tensor, slots: HistorySlots):
+    """A gradient hook adding the chunk's rows of ``buffer`` (read when the gradient arrives)."""
+
+    def hook(grad: Tensor) -> Tensor:
+        return grad.index_add(0, slots.write_pos, buffer[slots.write_slots])
+
+    return hook
+
+
+def _rng_devices(device: torch.device) -> list:
+    return [device] if device.type == "cuda" else []
+
+
+def _rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+__all__ = ["LayerPipeline", "Staleness"]

@@ -1,0 +1,278 @@
+"""Benchmark: deep full-graph GCNII on 4 gloo ranks over a SIMULATED link: single-process vs
+graph-parallel vs GNNPipe (layer stages) vs the hybrid (2 graph partitions x 2 stages), at several
+depths, same data, epochs and seeds.
+
+The link is the full-graph benchmark's (``benchmarks.fullgraph.simulated_link``): every message a
+rank sends costs ``latency + bytes / bandwidth`` of sleep on its sending thread, and the weight
+all-reduce a ring all-reduce's time. Per run it reports the median training-epoch time (epoch 3
+on; validation excluded), the bytes each mode sends per epoch (halo rows, or stage activations
+and gradients; all ranks), every rank's peak memory growth during training (resident set size over
+its size at training start: activations, histories, messages, optimizer state), the test metric
+at the best validation epoch, and for GNNPipe the share of history rows read that were a whole
+epoch old. It writes a markdown table (``--out``) and a bytes-vs-depth PNG (``--plot``). A
+measurement, not a test: nothing here asserts targets.
+
+    python recipes/bench.py gnnpipe --out gnnpipe.md --plot docs/benchmarks/fullgraph/gnnpipe_bytes.png
+    python recipes/bench.py gnnpipe --datasets cora --depths 4 --epochs 3   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from benchmarks._report import machine_header, write_report
+from benchmarks.fullgraph import load_dataset, simulated_link
+
+MODES = ("single", "graph_parallel", "gnnpipe", "hybrid")
+
+
+def mmap_large_allocations(threshold: int = 1 << 20) -> bool:
+    """Serve every allocation over ``threshold`` bytes with its own mmap (glibc ``mallopt``), so a
+    freed tensor leaves the resident set at once: the peak resident set is then the peak of live
+    memory, not of what the allocator keeps cached. Applies to this process and the ranks it forks."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    m_mmap_threshold = -3
+    return bool(ctypes.CDLL(name).mallopt(m_mmap_threshold, threshold))
+
+
+def ring_allreduce_s(numel: int, world: int, latency_s: float, bandwidth_bytes_s: float) -> float:
+    """A ring all-reduce of a float64 bucket on the simulated link: 2 (P-1) steps of 1/P of it."""
+    return 2 * (world - 1) * (latency_s + numel * 8 / world / bandwidth_bytes_s) if world > 1 else 0.0
+
+
+def make_strategy(mode: str, args) -> Any:
+    """The mode's strategy with the simulated link (the single process runs on one device)."""
+    from lightning_mqgnn.fullgraph import FullGraphStrategy, GNNPipeStrategy
+
+    latency, bandwidth = args.latency_ms / 1e3, args.bandwidth_gbit * 1e9 / 8
+    link = simulated_link(latency, bandwidth)
+
+    def params(optimizer) -> int:
+        return sum(p.numel() for g in optimizer.param_groups for p in g["params"])
+
+    class GraphParallel(FullGraphStrategy):
+        def _average(self, optimizer, loss):
+            time.sleep(ring_allreduce_s(params(optimizer), self.world_size, latency, bandwidth))
+            super()._average(optimizer, loss)
+
+    class Pipelined(GNNPipeStrategy):
+        def _reduce(self, optimizer, loss):
+            time.sleep(ring_allreduce_s(params(optimizer), self.world_size, latency, bandwidth))
+            super()._reduce(optimizer, loss)
+
+        def validation_step(self, *a, **k):
+            self.evaluate(a[0], ("val", "test"))
+
+    if mode in ("single", "graph_parallel"):
+        return GraphParallel(mode="sync", transport=link, seed=args.seed, start_method="fork")
+    stages = args.world if mode == "gnnpipe" else args.world // 2
+    return Pipelined(
+        stages=stages,
+        num_chunks=args.chunks,
+        transport=link,
+        seed=args.seed,
+        history_grad_scale=args.history_grad_scale,
+        start_method="fork",
+    )
+
+
+class Recorder(pl.Callback):
+    """Rank 0 writes the strategy's per-epoch figures, every rank's peak memory and the (val, test)
+    of each validation. After ``PeakMemoryMonitor`` in the callback list (it gathers first)."""
+
+    def __init__(self, path: Path, memory):
+        self.path = path
+        self.memory = memory
+        self.scores: list[tuple[int, float, float]] = []
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        m = trainer.callback_metrics
+        if "val/metric" in m and "test/metric" in m:
+            self.scores.append((trainer.current_epoch, float(m["val/metric"]), float(m["test/metric"])))
+
+    def on_train_end(self, trainer, pl_module):
+        if trainer.global_rank != 0:
+            return
+        s = trainer.strategy
+        stale = getattr(s, "staleness", None)
+        self.path.write_text(
+            json.dumps(
+                {
+                    "losses": s.epoch_losses,
+                    "bytes": s.epoch_bytes,
+                    "times": s.epoch_times,
+                    "scores": self.scores,
+                    "train_rss_mb": self.memory.train_rss_mb,
+                    "peak_rss_mb": self.memory.peak_rss_mb,
+                    "stale_fraction": stale.stale_fraction if stale is not None else None,
+                }
+            )
+        )
+
+
+def run(args, dataset, mode: str, depth: int, workdir: Path) -> dict[str, Any]:
+    from benchmarks.fullgraph import scoring_module
+
+    from lightning_mqgnn.callbacks import PeakMemoryMonitor
+    from lightning_mqgnn.fullgraph import FullGraphDataModule
+
+    pl.seed_everything(args.seed, verbose=False)
+    module = scoring_module("gcnii", args.hidden, depth, args.dropout, args.lr, dataset)
+    out = workdir / f"{dataset.name}_{mode}_{depth}.json"
+    memory = PeakMemoryMonitor()
+    world = 1 if mode == "single" else args.world
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy=make_strategy(mode, args),
+        max_epochs=args.epochs,
+        check_val_every_n_epoch=args.val_every,
+        callbacks=[memory, Recorder(out, memory)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    parts = world // 2 if mode == "hybrid" else (1 if mode == "gnnpipe" else world)
+    book = workdir / f"{dataset.name}_{parts}.book"
+    trainer.fit(module, datamodule=FullGraphDataModule(dataset, module.aggregation, book_path=str(book)))
+    result = json.loads(out.read_text())
+    times = result["times"][2:] or result["times"]
+    scores = result["scores"] or [(None, float("nan"), float("nan"))]
+    best = max(scores, key=lambda s: s[1])
+    result.update(
+        epoch_ms=1e3 * statistics.median(times),
+        bytes_per_epoch=statistics.mean(result["bytes"][1:] or result["bytes"]),
+        best_epoch=best[0],
+        val=best[1],
+        test=best[2],
+        train_mb=max(result["train_rss_mb"]),
+    )
+    return result
+
+
+def plot(results: dict[str, dict[tuple[str, int], dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.8 * len(results), 3.6), squeeze=False)
+    for ax, (name, runs) in zip(axes[0], results.items()):
+        for mode in MODES[1:]:
+            points = sorted((d, r["bytes_per_epoch"]) for (m, d), r in runs.items() if m == mode)
+            if points:
+                ax.plot([d for d, _ in points], [b / 2**20 for _, b in points], marker="o", label=mode)
+        ax.set_title(name)
+        ax.set_xlabel("GCNII layers")
+        ax.set_ylabel("MiB sent per epoch (all ranks)")
+        ax.set_xscale("log", base=2)
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", default="coauthor_physics_128,products_like")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--depths", default="8,16,32")
+    p.add_argument("--epochs", type=int, default=60)
+    p.add_argument("--val-every", type=int, default=5)
+    p.add_argument("--world", type=int, default=4)
+    p.add_argument("--chunks", type=int, default=8, help="GNNPipe chunks per partition")
+    p.add_argument("--history-grad-scale", type=float, default=1.0)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--dropout", type=float, default=0.5)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--latency-ms", type=float, default=1.0)
+    p.add_argument("--bandwidth-gbit", type=float, default=1.0)
+    p.add_argument("--products-scale", type=float, default=0.01, help="products_like nodes: 2.45M x scale")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--plot", type=Path, default=None)
+    args = p.parse_args(argv)
+    modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        p.error(f"unknown modes {unknown}; expected {list(MODES)}")
+    depths = [int(d) for d in args.depths.split(",")]
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    exact_peaks = mmap_large_allocations()
+    results: dict[str, dict[tuple[str, int], dict]] = {}
+    rows = [
+        "| dataset | layers | mode | bytes/epoch | x fewer than graph-parallel | epoch ms | "
+        "training memory MB (max rank) | x graph-parallel | test | Δ test vs single (points) | stale reads |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.datasets.split(","):
+            dataset = load_dataset(name, args.products_scale)
+            print(dataset.summary(), flush=True)
+            runs: dict[tuple[str, int], dict] = {}
+            results[name] = runs
+            for depth in depths:
+                for mode in modes:
+                    r = run(args, dataset, mode, depth, Path(tmp))
+                    runs[(mode, depth)] = r
+                    print(
+                        f"{name} {depth} layers {mode}: epoch {r['epoch_ms']:.1f} ms, "
+                        f"{r['bytes_per_epoch']:.0f} B/epoch, training memory per rank "
+                        f"{'/'.join(f'{m:.0f}' for m in r['train_rss_mb'])} MB, "
+                        f"test {r['test']:.4f} (best val {r['val']:.4f} at epoch {r['best_epoch']})",
+                        flush=True,
+                    )
+                base, single = runs.get(("graph_parallel", depth)), runs.get(("single", depth))
+                for mode in modes:
+                    r = runs[(mode, depth)]
+                    fewer = (
+                        base["bytes_per_epoch"] / r["bytes_per_epoch"]
+                        if base and r["bytes_per_epoch"]
+                        else float("nan")
+                    )
+                    memory = r["train_mb"] / base["train_mb"] if base and base["train_mb"] else float("nan")
+                    delta = 100 * (r["test"] - single["test"]) if single else float("nan")
+                    stale = f"{r['stale_fraction']:.2f}" if r.get("stale_fraction") is not None else ""
+                    rows.append(
+                        f"| {name} | {depth} | {mode} | {r['bytes_per_epoch']:,.0f} | {fewer:.2f} | "
+                        f"{r['epoch_ms']:.0f} | {r['train_mb']:.0f} | {memory:.2f} | {r['test']:.4f} | "
+                        f"{delta:+.2f} | {stale} |"
+                    )
+    header = machine_header("gnnpipe", argv)
+    header.append(
+        f"- {args.world} gloo ranks (single: 1), GCNII {args.hidden} wide, dropout {args.dropout}, Adam lr "
+        f"{args.lr}, {args.epochs} epochs, seed {args.seed}; graph-parallel on METIS partitions; GNNPipe "
+        f"{args.world} stages, hybrid 2 partitions x {args.world // 2} stages, {args.chunks} METIS chunks per "
+        f"partition, history gradient scale {args.history_grad_scale}; SIMULATED link {args.latency_ms} ms + "
+        f"{args.bandwidth_gbit} Gbit/s per message; epoch time: median from epoch 3, validation excluded; "
+        "training memory: peak resident set growth over training start"
+        + (", allocations over 1 MiB mmapped (freed memory leaves the resident set)" if exact_peaks else "")
+        + "; test at the best validation epoch"
+    )
+    write_report("Deep full-graph GCNII: graph-parallel vs GNNPipe vs hybrid", header, rows, args.out)
+    if args.plot is not None:
+        plot(results, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""GNNPipe's pieces on one process: the layout of ranks, the chunks' blocks, the GCNII layer, and
+a dying stage surfacing within seconds (4 gloo processes)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import helpers.fullgraph_ranks as ranks
+import pytest
+import torch
+from test_fullgraph_distributed import _launch
+
+from lightning_mqgnn.fullgraph import PartitionBook, PipelineLayout, chunk_partition
+from lightning_mqgnn.fullgraph.chunks import inner_graph
+from lightning_mqgnn.models.gcnii import GCNIILayer, identity_mapping_strength
+
+
+def test_layout_places_ranks_and_balances_layers():
+    layout = PipelineLayout(world_size=4, stages=2, num_convs=7)
+    assert layout.ways == 2
+    assert [(layout.way_of(r), layout.stage_of(r)) for r in range(4)] == [(0, 1), (0, 0), (1, 1), (1, 0)]
+    assert all(layout.rank_of(layout.way_of(r), layout.stage_of(r)) == r for r in range(4))
+    assert [list(layout.layers_of(s)) for s in range(2)] == [[0, 1, 2, 3], [4, 5, 6]]
+    pure = PipelineLayout(world_size=4, stages=4, num_convs=16)
+    assert [len(pure.layers_of(s)) for s in range(4)] == [4, 4, 4, 4]
+    assert pure.stage_of(0) == 3  # rank 0 holds the last stage: the loss and the scores
+
+
+@pytest.mark.parametrize(
+    ("world", "stages", "convs", "message"),
+    [
+        (4, 3, 8, "multiple of stages"),
+        (4, 4, 2, "every stage needs at least one layer"),
+        (4, 0, 8, "at least one stage"),
+    ],
+)
+def test_impossible_layouts_are_refused(world, stages, convs, message):
+    with pytest.raises(ValueError, match=message):
+        PipelineLayout(world, stages, convs)
+
+
+@pytest.mark.parametrize(("parts", "method"), [(1, "metis"), (2, "metis"), (2, "random")])
+def test_chunk_blocks_aggregate_like_the_partition(parts, method):
+    """With every history row exact, each chunk's block gives the partition block's rows."""
+    ds = ranks.small_dataset()
+    book = PartitionBook.build(ds.graph, parts, "metis", seed=0)
+    part = book.local(ds.graph, 0, "gcn")
+    chunks = chunk_partition(part, 5, method, seed=1)
+    assert torch.equal(torch.sort(torch.cat([c.rows for c in chunks])).values, torch.arange(part.num_inner))
+    h = torch.randn(part.block.num_src, 3)
+    full = part.block.aggregate(h)
+    for chunk in chunks:
+        assert not bool(torch.isin(chunk.ext, chunk.rows).any())
+        torch.testing.assert_close(chunk.block.aggregate(h[chunk.source_rows()]), full[chunk.rows])
+    if method == "metis":  # METIS chunks cut fewer edges than a random split
+        cut = sum(int(c.ext.numel()) for c in chunks)
+        random_cut = sum(int(c.ext.numel()) for c in chunk_partition(part, 5, "random", seed=1))
+        assert cut < random_cut
+
+
+def test_too_many_chunks_is_refused():
+    ds = ranks.small_dataset()
+    part = PartitionBook.build(ds.graph, 4, "metis").local(ds.graph, 0, "gcn")
+    with pytest.raises(ValueError, match="into 1000 chunks"):
+        chunk_partition(part, 1000)
+    assert inner_graph(part).num_nodes == part.num_inner
+
+
+def test_gcnii_layer_is_equation_5():
+    ds = ranks.small_dataset()
+    part = PartitionBook.build(ds.graph, 1, "metis").local(ds.graph, 0, "gcn")
+    torch.manual_seed(0)
+    beta = identity_mapping_strength(0.5, 3)
+    assert beta == pytest.approx(math.log(0.5 / 3 + 1))
+    layer = GCNIILayer(6, alpha=0.1, beta=beta)
+    h, h0 = torch.randn(part.num_inner, 6), torch.randn(part.num_inner, 6)
+    support = 0.9 * (part.block.adjacency() @ h) + 0.1 * h0
+    expected = support @ ((1 - beta) * torch.eye(6) + beta * layer.weight)
+    torch.testing.assert_close(layer(part.block, h, h0), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.distributed
+def test_dying_stage_fails_fast_with_a_clear_error():
+    start = time.monotonic()
+    reports = _launch(ranks.dying_stage, timeout=60)
+    assert time.monotonic() - start < 45
+    survivors = {r: v for r, v in reports.items() if r != 2}
+    assert sorted(survivors) == [0, 1, 3], reports
+    for rank, (status, message) in survivors.items():
+        assert status == "HaloExchangeError", f"rank {rank}: {status} {message}"
+        elapsed = float(message.rsplit("after ", 1)[1].split(" s]")[0])
+        assert 0 <= elapsed < 20, message
