@@ -20,8 +20,8 @@ def row_positions(starts: Tensor, counts: Tensor) -> Tensor:
         starts, counts = starts[keep], counts[keep]
     total = int(counts.sum())
     if total == 0:
-        return torch.zeros(0, dtype=torch.int64)
-    step = torch.ones(total, dtype=torch.int64)
+        return torch.zeros(0, dtype=torch.int64, device=starts.device)
+    step = torch.ones(total, dtype=torch.int64, device=starts.device)
     last_before = torch.cat([starts.new_zeros(1), (starts + counts)[:-1] - 1])  # before the first: 0
     step[torch.cumsum(counts, 0) - counts] = starts - last_before
     return step.cumsum_(0)
@@ -31,8 +31,9 @@ def row_positions(starts: Tensor, counts: Tensor) -> Tensor:
 class Sampler(Protocol):
     """Turns seed (output) node ids into a ``MiniBatch`` of ``num_layers`` blocks.
 
-    Samplers are picklable and draw from torch's global generator of the process they run in,
-    so pipeline workers seed them once. ``aggregation`` names the exact operator the sampled
+    Samplers are picklable and draw from ``rng.sampling_generator()`` (torch's default generator
+    when none is set), so every loader seeds each batch alike. They create every tensor on their
+    graph's device, so a sampler moved to a GPU (``pipeline.device_loader.to_device``) samples there. ``aggregation`` names the exact operator the sampled
     blocks estimate (``"gcn"``: D^-1/2 (A+I) D^-1/2, eq. 2; ``"mean"``: neighbour mean, eq. 17),
     which validation and test inference then use without sampling.
     """
@@ -61,12 +62,13 @@ class Relabeler:
         """Return ``(nodes, local)``: ``nodes`` = ``prefix`` then the new ids of ``others`` in
         ascending order, and ``local`` = the position of every entry of ``others`` in ``nodes``.
         ``prefix`` must hold distinct ids."""
-        if self._slot is None:
-            self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64)
+        device = prefix.device
+        if self._slot is None or self._slot.device != device:
+            self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=device)
         slot = self._slot  # index_select/index_fill_ below: 1-D fancy indexing is much slower
-        slot.index_copy_(0, prefix, torch.arange(prefix.numel()))
+        slot.index_copy_(0, prefix, torch.arange(prefix.numel(), device=device))
         new = torch.unique(others[slot.index_select(0, others) < 0])
-        slot.index_copy_(0, new, torch.arange(prefix.numel(), prefix.numel() + new.numel()))
+        slot.index_copy_(0, new, torch.arange(prefix.numel(), prefix.numel() + new.numel(), device=device))
         local = slot.index_select(0, others)
         nodes = torch.cat([prefix, new])
         slot.index_fill_(0, nodes, -1)  # leave the scratch clean for the next call
