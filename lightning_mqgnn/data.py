@@ -157,7 +157,9 @@ class MQGNNDataModule(pl.LightningDataModule):
         free memory (``resolve_placement``)."""
         if self._placement is None:
             device = self.epoch_plan().device
-            placement = resolve_placement(self.source, self.sample_on, self.features_on, device, DEFAULT_MARGIN)
+            placement = resolve_placement(
+                self.source, self.sample_on, self.features_on, device, DEFAULT_MARGIN
+            )
             if self.mode == "device" and device.type == "cuda" and not placement.on_device:
                 raise ValueError(
                     f"mode='device' samples on {device}, but sample_on={self.sample_on!r} keeps the "

@@ -22,8 +22,10 @@ _PACKAGE = "lightning_mqgnn."
 
 def _is_state_object(obj: Any) -> bool:
     """An instance of a class of this package (or of a subclass of one): a sampler's parts."""
-    return hasattr(obj, "__dict__") and not isinstance(obj, type) and any(
-        cls.__module__.startswith(_PACKAGE) for cls in type(obj).__mro__
+    return (
+        hasattr(obj, "__dict__")
+        and not isinstance(obj, type)
+        and any(cls.__module__.startswith(_PACKAGE) for cls in type(obj).__mro__)
     )
 
 

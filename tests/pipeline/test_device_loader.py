@@ -44,9 +44,7 @@ def sampler_variants(graph):
     return out
 
 
-VARIANTS = ["gcn", "sage"] + [
-    n + s for n in ("fastgcn", "ladies") for s in ("", "_f", "_d", "_fd")
-]
+VARIANTS = ["gcn", "sage"] + [n + s for n in ("fastgcn", "ladies") for s in ("", "_f", "_d", "_fd")]
 
 
 def assert_same_batches(expected, got):
@@ -143,7 +141,9 @@ def test_a_producer_error_surfaces_within_seconds_and_leaves_no_thread(ds):
 
 
 def test_an_abandoned_epoch_is_stopped_and_joined(ds):
-    loader = DeviceResidentLoader(BatchSource(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64), queue_size=1)
+    loader = DeviceResidentLoader(
+        BatchSource(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64), queue_size=1
+    )
     it = iter(loader)
     next(it)
     assert loader.producer_alive()  # blocked on the full queue

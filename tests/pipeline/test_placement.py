@@ -19,7 +19,13 @@ CUDA = torch.device("cuda", 0)
 
 def decide(sample_on="auto", features_on="auto", graph=1 * GiB, features=2 * GiB, free=10 * GiB, device=CUDA):
     return decide_placement(
-        sample_on, features_on, graph_bytes=graph, feature_bytes=features, device=device, free_bytes=free, margin=0.2
+        sample_on,
+        features_on,
+        graph_bytes=graph,
+        feature_bytes=features,
+        device=device,
+        free_bytes=free,
+        margin=0.2,
     )
 
 
@@ -61,7 +67,9 @@ def test_explicit_choices_and_their_errors():
 
 def graph(n=200, m=900, seed=0) -> CSRGraph:
     g = torch.Generator().manual_seed(seed)
-    return CSRGraph.from_edges(torch.randint(0, n, (m,), generator=g), torch.randint(0, n, (m,), generator=g), n, symmetrize=True)
+    return CSRGraph.from_edges(
+        torch.randint(0, n, (m,), generator=g), torch.randint(0, n, (m,), generator=g), n, symmetrize=True
+    )
 
 
 def test_to_device_copies_the_object_graph_and_keeps_shared_parts_shared():
