@@ -97,11 +97,14 @@ class ResidentGraph:
     @classmethod
     def build(cls, source: BatchSource, placement: Placement) -> ResidentGraph:
         device = placement.sample_on
+        if device.type == "cuda" and device.index is None:  # "cuda": the current device, by index
+            device = torch.device("cuda", torch.cuda.current_device())
         memo: dict = {}  # a GNS sampler and its cache keep one moved graph
         sampler = to_device(source.sampler, device, memo)
         cache = to_device(source.feature_cache, device, memo) if source.feature_cache is not None else None
         ds = source.dataset
-        return cls(device, sampler, ds.labels.to(device), ds.features.to(placement.features_on), cache)
+        features_on = device if placement.features_resident else placement.features_on
+        return cls(device, sampler, ds.labels.to(device), ds.features.to(features_on), cache)
 
     @property
     def features_resident(self) -> bool:

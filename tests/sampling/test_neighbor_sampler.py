@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers.devices import DEVICES, on_device
 from helpers.paths import CONF
 
 from lightning_mqgnn.graph.csr import CSRGraph
@@ -24,16 +25,17 @@ def exact_aggregate(graph, seeds, aggregation, h):
 
 @pytest.mark.parametrize("aggregation", ["gcn", "mean"])
 @pytest.mark.parametrize("replace", [False, True])
-def test_monte_carlo_mean_matches_exact_aggregation(aggregation, replace):
+@pytest.mark.parametrize("device", DEVICES)
+def test_monte_carlo_mean_matches_exact_aggregation(aggregation, replace, device):
     torch.manual_seed(1)
     graph = random_graph()
     h = torch.randn(graph.num_nodes, 4, dtype=torch.float64)
     seeds = torch.arange(0, graph.num_nodes, 7)
     exact = exact_aggregate(graph, seeds, aggregation, h.float()).double()
-    sampler = NeighborSampler(graph, [3], aggregation, replace)
+    sampler = on_device(NeighborSampler(graph, [3], aggregation, replace), device)
     estimates = []
     for _ in range(800):
-        batch = sampler.sample(seeds)
+        batch = sampler.sample(seeds.to(device)).to("cpu")
         block = batch.blocks[0]
         estimates.append(torch.sparse.mm(block.adjacency().to(torch.float64), h[batch.input_nodes]))
     est = torch.stack(estimates)
