@@ -152,7 +152,7 @@ class DeviceResidentLoader(Planned):
         self._run = _DeviceEpoch(self)
         return self._run
 
-    def _begin_epoch(self) -> tuple[int, list[Tensor]]:
+    def begin_epoch(self) -> tuple[int, list[Tensor]]:
         """Residency (once), the epoch's cache draw on the device, and the seeds of this rank."""
         if self.resident is None:
             self.resident = ResidentGraph.build(self.source, self.placement)
@@ -222,7 +222,7 @@ class _DeviceEpoch:
         return len(self.loader)
 
     def _start(self) -> None:
-        self.epoch, self.batches = self.loader._begin_epoch()
+        self.epoch, self.batches = self.loader.begin_epoch()
         self.thread = threading.Thread(target=self._produce, name="mqgnn-device-sampler", daemon=True)
         self.thread.start()
 

@@ -12,6 +12,9 @@ the host syncs listed in ``pipeline/device_loader.py``) and its placement.
 ``accuracy``: test metric of device-resident vs sequential CPU sampling, same epochs, several
 seeds, on amazon_photo (npz from the data directory; skipped when absent) and products_like.
 
+``census``: host syncs per batch of device-resident sampling, by source line, for node-wise,
+layer-wise and GNS samplers (CUDA's sync debug mode; GPU only).
+
 Markdown to stdout, JSON and markdown under ``--out`` (default ``$OUT`` when set).
 
     python recipes/bench.py device_sampling                 # the GPU run (about 6 minutes)
@@ -22,9 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import linecache
 import os
 import statistics
 import time
+import warnings
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -38,6 +44,13 @@ from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.generated import generate_graph
 from lightning_mqgnn.models import NodeClassifier
+from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader
+from lightning_mqgnn.pipeline.placement import Placement
+from lightning_mqgnn.pipeline.source import BatchSource
+from lightning_mqgnn.sampling.fastgcn import FastGCNSampler
+from lightning_mqgnn.sampling.feature_cache import GNSCache
+from lightning_mqgnn.sampling.gns import GNSSampler
+from lightning_mqgnn.sampling.ladies import LADIESSampler
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 DATA_DIR = Path(
@@ -52,6 +65,22 @@ LOADERS = {
     "pipeline": dict(mode="pipeline", sample_on="cpu", producer="workers"),
     "device": dict(mode="device", sample_on="auto", features_on="auto"),
 }
+
+
+CENSUS = {  # samplers whose host syncs are counted (conf/model sizes)
+    "sage 15,10,5": lambda g, t: NeighborSampler(g, [5, 10, 15], "mean"),
+    "gcn 5,5": lambda g, t: NeighborSampler(g, [5, 5], "gcn"),
+    "fastgcn_fd 1024,512": lambda g, t: FastGCNSampler(g, [1024, 512], flat=True, debias=True),
+    "ladies_fd 1024,512": lambda g, t: LADIESSampler(g, [1024, 512], flat=True, debias=True),
+    "sage_gns 5,5": lambda g, t: GNSSampler(g, [5, 5], GNSCache(g, t, fraction=0.01, fanouts=(5, 5))),
+}
+
+
+@dataclass
+class SyncRow:
+    sampler: str
+    site: str
+    per_batch: float
 
 
 @dataclass
@@ -186,6 +215,47 @@ def speed_run(ds: GraphDataset, config: str, loader: str, args) -> SpeedRow:
     )
 
 
+def sync_census(ds: GraphDataset, batches: int, batch_size: int) -> list[SyncRow]:
+    """Host syncs per batch of device-resident sampling and gathering, by source line: CUDA's
+    sync debug mode warns at every synchronising call, the warnings are counted. Empty without
+    CUDA (nothing to synchronise with)."""
+    if not torch.cuda.is_available():
+        return []
+    rows = []
+    for name, make in CENSUS.items():
+        try:
+            cuda = torch.device("cuda", torch.cuda.current_device())
+            rows += _census_of(name, make(ds.graph, ds.train_idx), ds, batches, batch_size, cuda)
+        except Exception as exc:  # a failed count is reported, the other measurements are kept
+            rows.append(SyncRow(name, f"census failed: {exc!r}"[:200], float("nan")))
+    return rows
+
+
+def _census_of(
+    name: str, sampler, ds: GraphDataset, batches: int, batch_size: int, device: torch.device
+) -> list[SyncRow]:
+    cache = getattr(sampler, "cache", None)
+    source = BatchSource(ds, sampler, batch_size, aggregate_inputs=cache is None, feature_cache=cache)
+    loader = DeviceResidentLoader(source, Placement(device, device, "census"))
+    epoch, seeds = loader.begin_epoch()
+    n = min(batches, len(seeds) - 1)
+    loader.produce(epoch, len(seeds) - 1, seeds[-1])  # warm-up: scratch arrays, allocator
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for i in range(n):
+                loader.produce(epoch, i, seeds[i])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites = Counter(
+        f"{Path(w.filename).name}:{w.lineno} `{linecache.getline(w.filename, w.lineno).strip()[:70]}`"
+        for w in caught
+        if "synchroniz" in str(w.message)
+    )
+    return [SyncRow(name, site, count / max(n, 1)) for site, count in sites.most_common()]
+
+
 def test_metric(ds: GraphDataset, loader: str, seed: int, args) -> float:
     c = CONFIGS["paper"]
     dm = datamodule(ds, loader, c["fanouts"], args.accuracy_batch_size, seed, args.num_workers)
@@ -234,6 +304,14 @@ def speed_table(rows: list[SpeedRow]) -> list[str]:
     return lines
 
 
+def census_table(rows: list[SyncRow]) -> list[str]:
+    if not rows:
+        return ["(host-sync census: needs CUDA)"]
+    lines = ["| sampler | host sync at | per batch |", "|---|---|---|"]
+    lines += [f"| {r.sampler} | {r.site} | {r.per_batch:.1f} |" for r in rows]
+    return lines
+
+
 def accuracy_table(rows: list[AccuracyRow], epochs: int) -> list[str]:
     lines = [
         f"| dataset | loader | test metric ({epochs} epochs, mean ± std) | seeds | per seed |",
@@ -262,6 +340,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--accuracy-epochs", type=int, default=5)
     p.add_argument("--accuracy-batch-size", type=int, default=1024)
     p.add_argument("--seeds", default="0,1,2")
+    p.add_argument(
+        "--census-batches", type=int, default=5, help="batches per sampler in the host-sync census"
+    )
     p.add_argument(
         "--smoke", action="store_true", help="tiny sizes: a check that the script runs, on the CPU too"
     )
@@ -297,6 +378,7 @@ def main(argv: list[str]) -> int:
         for loader in args.loaders:
             speed.append(speed_run(ds, config, loader, args))
             print(speed_table(speed[-1:])[-1], flush=True)
+    census = sync_census(ds, args.census_batches, args.batch_size or 1024)
     del ds
     accuracy = []
     for name, data in accuracy_datasets(args).items():
@@ -307,7 +389,13 @@ def main(argv: list[str]) -> int:
         f"- speed: products_like x{args.scale:g}, {args.batches or 'all'} batches x {args.epochs} epochs; "
         f"total {time.perf_counter() - t0:.0f} s"
     ]
-    table = [*speed_table(speed), "", *accuracy_table(accuracy, args.accuracy_epochs)]
+    table = [
+        *speed_table(speed),
+        "",
+        *accuracy_table(accuracy, args.accuracy_epochs),
+        "",
+        *census_table(census),
+    ]
     md_out = args.out / "device_sampling.md" if args.out is not None else None
     write_report("Device-resident sampling", header, table, md_out)
     if args.out is not None:
@@ -315,6 +403,7 @@ def main(argv: list[str]) -> int:
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "speed": [asdict(r) for r in speed],
             "accuracy": [{**asdict(r), "mean": r.mean, "std": r.std} for r in accuracy],
+            "host_syncs": [asdict(r) for r in census],
         }
         (args.out / "device_sampling.json").write_text(json.dumps(payload, indent=2))
     return 0
