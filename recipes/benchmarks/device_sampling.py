@@ -24,6 +24,7 @@ Markdown to stdout, JSON and markdown under ``--out`` (default ``$OUT`` when set
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import linecache
 import os
@@ -190,6 +191,7 @@ def speed_run(ds: GraphDataset, config: str, loader: str, args) -> SpeedRow:
     c = CONFIGS[config]
     dm = datamodule(ds, loader, c["fanouts"], args.batch_size or c["batch_size"], 0, args.num_workers)
     clock, timer, busy = EpochClock(), BatchTimer(trim=args.trim), GPUBusyMonitor()
+    gc.collect()  # the previous run's trainer and resident graph (reference cycles)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

@@ -18,6 +18,7 @@ from lightning_mqgnn.pipeline.source import BatchSource
 from lightning_mqgnn.sampling.fastgcn import FastGCNSampler
 from lightning_mqgnn.sampling.feature_cache import GNSCache
 from lightning_mqgnn.sampling.gns import GNSSampler
+from lightning_mqgnn.sampling.labor import LaborSampler
 from lightning_mqgnn.sampling.ladies import LADIESSampler
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
@@ -79,10 +80,12 @@ def test_device_loader_on_cpu_gives_the_sequential_batches(ds, variant):
     assert not dev.producer_alive()
 
 
-def test_device_loader_with_the_gns_cache_gives_the_sequential_batches(ds):
+@pytest.mark.parametrize("sampling", ["neighbor", "labor"])
+def test_device_loader_with_the_gns_cache_gives_the_sequential_batches(ds, sampling):
     def source():
         cache = GNSCache(ds.graph, ds.train_idx, fraction=0.05, fanouts=(5, 5), seed=1)
-        return BatchSource(ds, GNSSampler(ds.graph, [5, 5], cache), 256, seed=5, feature_cache=cache)
+        sampler = GNSSampler(ds.graph, [5, 5], cache, sampling=sampling, estimator="hajek")
+        return BatchSource(ds, sampler, 256, seed=5, feature_cache=cache)
 
     seq_source, dev_source = source(), source()
     seq, dev = SequentialLoader(seq_source), DeviceResidentLoader(dev_source)
@@ -94,6 +97,13 @@ def test_device_loader_with_the_gns_cache_gives_the_sequential_batches(ds):
         assert {b.meta["cache_version"] for b in got} == {epoch}
     assert int(dev.resident.cache.version) == 2
     dev.shutdown()
+
+
+@pytest.mark.parametrize("importance_sampling", [0, 1])
+def test_device_loader_with_labor_gives_the_sequential_batches(ds, importance_sampling):
+    source = BatchSource(ds, LaborSampler(ds.graph, [5, 5], "mean", importance_sampling), 256, seed=4)
+    seq, dev = SequentialLoader(source), DeviceResidentLoader(source)
+    assert_same_batches(list(seq), list(dev))
 
 
 def test_producer_thread_leaves_the_training_threads_random_stream_alone(ds):
@@ -196,3 +206,18 @@ def test_resident_sizes_count_the_graph_once_and_the_features(ds):
     assert feature_bytes == ds.features.nbytes
     # the sampler, its upper sampler and the cache share one CSR: counted once
     assert csr + cache.slot.nbytes < graph_bytes < 3 * csr + 40 * ds.num_nodes * 8
+
+
+def test_an_error_in_the_training_step_stops_the_producer(ds):
+    class FailingStep(type(seeded_module(ds))):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 2:
+                raise ValueError("injected training failure")
+            return super().training_step(batch, batch_idx)
+
+    torch.manual_seed(0)
+    module = FailingStep(ds.num_features, ds.num_classes, conv="sage", hidden=16)
+    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64, mode="device", queue_size=1)
+    with pytest.raises(ValueError, match="injected training failure"):
+        make_trainer(max_epochs=1).fit(module, dm)
+    assert sampler_threads() == []
