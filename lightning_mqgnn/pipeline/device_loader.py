@@ -158,13 +158,16 @@ class DeviceResidentLoader(Planned):
             self.resident = ResidentGraph.build(self.source, self.placement)
         plan = self.plan()
         cache = self.source.feature_cache
+        if self.mover.cuda:  # nothing the last producer launched still reads what is rewritten here
+            torch.cuda.current_stream(self.mover.device).wait_stream(self.mover.stream)
         if cache is not None:
             cache.refresh_(plan.epoch)  # in place on the host, while no producer samples ...
             copy_state_(self.resident.cache, cache)  # ... then into the device copy
             if not self.resident.features_resident:
                 self.mover.set_cache(resident_rows(cache, self.resident.features, self.resident.device))
-            elif self.mover.cuda:
-                self.mover.stream.wait_stream(torch.cuda.current_stream(self.mover.device))
+        if self.mover.cuda:
+            # the producer's stream reads what this thread copied over on its own stream
+            self.mover.stream.wait_stream(torch.cuda.current_stream(self.mover.device))
         return plan.epoch, self.source.epoch_seeds(plan.epoch, plan.rank, plan.world_size)
 
     def produce(self, epoch: int, index: int, seeds: Tensor) -> MiniBatch:
