@@ -13,8 +13,11 @@ from lightning_mqgnn.sampling.batch import Block, MiniBatch
 
 def row_positions(starts: Tensor, counts: Tensor) -> Tensor:
     """``cat([arange(s, s + c) for s, c in zip(starts, counts)])``: the CSR positions of whole
-    rows (empty rows allowed). One cumulative sum: steps are 1 except where a row begins, where
-    the step jumps from the previous row's last position to the row's start."""
+    rows (empty rows allowed). On the CPU one cumulative sum: steps are 1 except where a row
+    begins, where the step jumps from the previous row's last position to the row's start. On a
+    GPU ``row_positions_by_repeat``, which waits for the device once (the total) instead of twice."""
+    if starts.is_cuda:
+        return row_positions_by_repeat(starts, counts)
     if not bool((counts > 0).all()):
         keep = counts > 0
         starts, counts = starts[keep], counts[keep]
@@ -25,6 +28,15 @@ def row_positions(starts: Tensor, counts: Tensor) -> Tensor:
     last_before = torch.cat([starts.new_zeros(1), (starts + counts)[:-1] - 1])  # before the first: 0
     step[torch.cumsum(counts, 0) - counts] = starts - last_before
     return step.cumsum_(0)
+
+
+def row_positions_by_repeat(starts: Tensor, counts: Tensor) -> Tensor:
+    """``row_positions`` as ``arange(total)`` shifted by each row's ``start - output start``:
+    empty rows need no filtering, so the only host read is the total."""
+    total = int(counts.sum())
+    shift = starts - (torch.cumsum(counts, 0) - counts)
+    out = torch.arange(total, dtype=torch.int64, device=starts.device)
+    return out.add_(torch.repeat_interleave(shift, counts, output_size=total))
 
 
 @runtime_checkable

@@ -129,7 +129,9 @@ class GNSSampler:
                 sub, torch.arange(dst.numel(), device=dst.device), self.fanouts[0], replace=False
             )
             nbrs = g.indices[sub.indices[pos]]
-            rows = torch.repeat_interleave(torch.arange(dst.numel(), device=dst.device), counts)
+            rows = torch.repeat_interleave(
+                torch.arange(dst.numel(), device=dst.device), counts, output_size=pos.numel()
+            )
             q = counts.to(torch.float64) / cached_count.clamp(min=1).to(torch.float64)
             taken = q[rows]  # P(u taken | u cached)
         ht = 1.0 / (cache.inclusion[nbrs] * taken)  # Horvitz-Thompson factor

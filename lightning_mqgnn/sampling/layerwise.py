@@ -127,9 +127,9 @@ class LayerwiseSampler:
             return values
         row = torch.searchsorted(rows.ends, entries, right=True)
         values = self._edge_values(rows.edge_pos.index_select(0, entries))
-        is_self = (entries == rows.ends.index_select(0, row) - 1).nonzero().squeeze(1)
-        values[is_self] = self._self_w.index_select(0, prev.index_select(0, row.index_select(0, is_self)))
-        return values
+        is_self = entries == rows.ends.index_select(0, row) - 1
+        # a select over every entry, not an index of the self loops: no wait for their count
+        return torch.where(is_self, self._self_w.index_select(0, prev.index_select(0, row)), values)
 
     def positions_in(self, chosen: Tensor, cols: Tensor) -> Tensor:
         """Position of each ``cols`` entry in ``chosen`` (distinct ids), -1 if absent; O(len(cols))."""

@@ -36,17 +36,16 @@ def sample_neighbor_edges(
         return counts, starts.index_select(0, rows) + offset
     counts = deg.clamp(max=fanout)
     out_start = torch.cumsum(counts, 0) - counts
-    out = torch.empty(int(counts.sum()), dtype=torch.int64, device=device)
-    # rows with at most `fanout` edges keep them all
+    # rows with at most `fanout` edges keep them all: their positions, moved to the rows' places
+    # in the output (same offsets within a row, so a shift per row)
     full = torch.nonzero(deg <= fanout).squeeze(1)
-    fdeg = deg.index_select(0, full)
-    out.index_copy_(
-        0,
-        row_positions(out_start.index_select(0, full), fdeg),
-        row_positions(starts.index_select(0, full), fdeg),
-    )
-    # the others: a uniform `fanout`-subset of their offsets, O(fanout) per row whatever the degree
     part = torch.nonzero(deg > fanout).squeeze(1)
+    fdeg = deg.index_select(0, full)
+    kept = row_positions(starts.index_select(0, full), fdeg)
+    shift = (out_start - starts).index_select(0, full)
+    out = torch.empty(kept.numel() + fanout * part.numel(), dtype=torch.int64, device=device)
+    out.index_copy_(0, kept + torch.repeat_interleave(shift, fdeg, output_size=kept.numel()), kept)
+    # the others: a uniform `fanout`-subset of their offsets, O(fanout) per row whatever the degree
     offsets = uniform_subsets(deg.index_select(0, part), fanout)
     slots = out_start.index_select(0, part).unsqueeze(1) + torch.arange(fanout, device=device)
     out.index_copy_(0, slots.reshape(-1), (starts.index_select(0, part).unsqueeze(1) + offsets).reshape(-1))
@@ -89,7 +88,7 @@ def sampled_block(
         indices, w = local, weights
     else:
         nbr_pos = row_positions(indptr[:-1] + 1, counts)
-        total = int(indptr[-1])
+        total = local.numel() + num_dst  # = indptr[-1], known without reading the device
         indices = torch.empty(total, dtype=torch.int64, device=device)
         w = torch.empty(total, dtype=torch.float64, device=device)
         indices[indptr[:-1]] = torch.arange(num_dst, device=device)
@@ -157,7 +156,9 @@ class NeighborSampler:
         counts, edge_pos = sample_neighbor_edges(g, dst, fanout, self.replace)
         nbrs = g.indices.index_select(0, edge_pos)
         src_nodes, local = self._relabel(dst, nbrs)
-        rows = torch.repeat_interleave(torch.arange(dst.numel(), device=dst.device), counts)
+        rows = torch.repeat_interleave(
+            torch.arange(dst.numel(), device=dst.device), counts, output_size=nbrs.numel()
+        )  # (the size given: no wait for the device to count it)
         row_counts = counts.index_select(0, rows).to(torch.float64)
         if self.aggregation == "mean":
             return sampled_block(src_nodes.numel(), counts, local, 1.0 / row_counts), src_nodes

@@ -12,8 +12,9 @@ the host syncs listed in ``pipeline/device_loader.py``) and its placement.
 ``accuracy``: test metric of device-resident vs sequential CPU sampling, same epochs, several
 seeds, on amazon_photo (npz from the data directory; skipped when absent) and products_like.
 
-``census``: host syncs per batch of device-resident sampling, by source line, for node-wise,
-layer-wise and GNS samplers (CUDA's sync debug mode; GPU only).
+``census``: host syncs per batch of device-resident sampling, by call site, for node-wise,
+layer-wise and GNS samplers (``_sync_census``: syncing torch calls on any device, and on a GPU
+the total CUDA's sync debug mode reports beside them).
 
 Markdown to stdout, JSON and markdown under ``--out`` (default ``$OUT`` when set).
 
@@ -26,12 +27,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import linecache
 import os
 import statistics
 import time
-import warnings
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,6 +37,7 @@ import lightning.pytorch as pl
 import torch
 
 from benchmarks._report import machine_header, write_report
+from benchmarks._sync_census import count_syncs, cuda_sync_count
 from lightning_mqgnn.callbacks import GPUBusyMonitor
 from lightning_mqgnn.callbacks.batch_timer import BatchTimer
 from lightning_mqgnn.data import MQGNNDataModule
@@ -81,6 +80,7 @@ CENSUS = {  # samplers whose host syncs are counted (conf/model sizes)
 class SyncRow:
     sampler: str
     site: str
+    op: str
     per_batch: float
 
 
@@ -218,18 +218,20 @@ def speed_run(ds: GraphDataset, config: str, loader: str, args) -> SpeedRow:
 
 
 def sync_census(ds: GraphDataset, batches: int, batch_size: int) -> list[SyncRow]:
-    """Host syncs per batch of device-resident sampling and gathering, by source line: CUDA's
-    sync debug mode warns at every synchronising call, the warnings are counted. Empty without
-    CUDA (nothing to synchronise with)."""
-    if not torch.cuda.is_available():
-        return []
+    """Host syncs per batch of device-resident sampling and gathering on the training device (the
+    CPU without CUDA), by call site (``_sync_census``); on CUDA each sampler also gets a row with
+    the total of CUDA's sync debug mode."""
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
     rows = []
     for name, make in CENSUS.items():
         try:
-            cuda = torch.device("cuda", torch.cuda.current_device())
-            rows += _census_of(name, make(ds.graph, ds.train_idx), ds, batches, batch_size, cuda)
+            rows += _census_of(name, make(ds.graph, ds.train_idx), ds, batches, batch_size, device)
         except Exception as exc:  # a failed count is reported, the other measurements are kept
-            rows.append(SyncRow(name, f"census failed: {exc!r}"[:200], float("nan")))
+            rows.append(SyncRow(name, f"census failed: {exc!r}"[:200], "-", float("nan")))
     return rows
 
 
@@ -240,22 +242,18 @@ def _census_of(
     source = BatchSource(ds, sampler, batch_size, aggregate_inputs=cache is None, feature_cache=cache)
     loader = DeviceResidentLoader(source, Placement(device, device, "census"))
     epoch, seeds = loader.begin_epoch()
-    n = min(batches, len(seeds) - 1)
+    n = max(1, min(batches, len(seeds) - 1))
     loader.produce(epoch, len(seeds) - 1, seeds[-1])  # warm-up: scratch arrays, allocator
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            for i in range(n):
-                loader.produce(epoch, i, seeds[i])
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    sites = Counter(
-        f"{Path(w.filename).name}:{w.lineno} `{linecache.getline(w.filename, w.lineno).strip()[:70]}`"
-        for w in caught
-        if "synchroniz" in str(w.message)
-    )
-    return [SyncRow(name, site, count / max(n, 1)) for site, count in sites.most_common()]
+
+    def run(i: int) -> None:
+        loader.produce(epoch, i, seeds[i])
+
+    counts = count_syncs(run, n)
+    rows = [SyncRow(name, site, op, c / n) for (site, op), c in sorted(counts.items(), key=lambda kv: -kv[1])]
+    rows.append(SyncRow(name, "all of the above", "sum", sum(counts.values()) / n))
+    if device.type == "cuda":
+        rows.append(SyncRow(name, "CUDA sync debug mode", "all", cuda_sync_count(run, n) / n))
+    return rows
 
 
 def test_metric(ds: GraphDataset, loader: str, seed: int, args) -> float:
@@ -307,10 +305,8 @@ def speed_table(rows: list[SpeedRow]) -> list[str]:
 
 
 def census_table(rows: list[SyncRow]) -> list[str]:
-    if not rows:
-        return ["(host-sync census: needs CUDA)"]
-    lines = ["| sampler | host sync at | per batch |", "|---|---|---|"]
-    lines += [f"| {r.sampler} | {r.site} | {r.per_batch:.1f} |" for r in rows]
+    lines = ["| sampler | host sync at | op | per batch |", "|---|---|---|---|"]
+    lines += [f"| {r.sampler} | {r.site} | {r.op} | {r.per_batch:.1f} |" for r in rows]
     return lines
 
 

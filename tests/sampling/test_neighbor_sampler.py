@@ -161,3 +161,14 @@ def test_row_positions_concatenates_the_rows_ranges_with_empty_rows_anywhere():
         want = [torch.arange(int(s), int(s + c)) for s, c in zip(starts, counts)]
         expect = torch.cat(want) if want else torch.zeros(0, dtype=torch.int64)
         assert torch.equal(row_positions(starts, counts), expect)
+
+
+def test_row_positions_by_repeat_equals_the_cumulative_form():
+    from lightning_mqgnn.sampling.base import row_positions, row_positions_by_repeat
+
+    g = torch.Generator().manual_seed(3)
+    starts = torch.randint(0, 1000, (200,), generator=g)
+    counts = torch.randint(0, 4, (200,), generator=g)  # many empty rows
+    assert torch.equal(row_positions_by_repeat(starts, counts), row_positions(starts, counts))
+    empty = torch.zeros(3, dtype=torch.int64)
+    assert row_positions_by_repeat(empty, empty).numel() == 0
