@@ -14,20 +14,18 @@ device (``rng.drawing_from``), never the default one the training thread's dropo
 CPU the batches are exactly ``SequentialLoader``'s; on a GPU they follow the same law from the
 device's own random stream (Philox), so they are other draws.
 
-Host syncs left on the sampling path (each one a device-to-host wait of the producer thread,
-not of the compute stream; sizes of outputs that torch must know to allocate them):
-
-- ``row_positions``: ``counts.all()`` and ``counts.sum()`` (every node-wise layer, LADIES rows);
-- ``NeighborSampler``: ``counts.sum()`` for the output size, two ``nonzero`` (rows at or above
-  the fan-out), ``indptr[-1]`` for the block with self loops (GCN);
-- ``Relabeler``: ``unique`` of the new sources (one per node-wise layer);
-- layer-wise samplers: ``normalise``'s ``total > 0`` check, ``nonzero`` of kept entries and of
-  self loops, the rejection rounds' ``numel`` of distinct draws (``rejection_draws``), FastGCN's
-  guide-table ``nonzero`` of wide cells;
-- GNS: the cached-edge sub-CSR's ``counts.sum()``; ``lookup``'s hit count when features stay on
-  the host, and the host gather itself (input ids copied to the host).
-
-``recipes/benchmarks/device_sampling.py`` reports the sampling time per batch these cost.
+Host syncs left on the sampling path: each is a wait of the producer thread for the device, not
+of the compute stream, for a value or an output size torch must know on the host. Counted per
+batch by call site with ``recipes/bench.py device_sampling`` (its census; on a GPU also CUDA's
+sync debug mode), they are, per node-wise layer: the two ``nonzero`` splitting rows at the
+fan-out, ``row_positions``' total (on the CPU also its empty-row check), the ``Relabeler``'s mask
+and ``unique`` of new sources, one more ``row_positions`` for GCN's self loops; per layer-wise
+layer: ``row_positions`` of ``L[prev, :]``, the distinct draws (``_first_occurrences``), the kept
+entries' ``nonzero``, FastGCN's guide-table ``nonzero`` or LADIES' ``total > 0`` check; for GNS
+also the cache ``version`` and the cached sub-CSR's empty rows; with host features the cache
+``lookup``'s hit count and the copy of the input ids to the host. SAGE with fan-outs 15,10,5:
+18 a batch counted on the CPU, 15 on a GPU (``row_positions`` reads one value there).
+``device_sampling`` reports the sampling and gathering time per batch they cost.
 """
 
 from __future__ import annotations

@@ -327,7 +327,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--configs", default="salient,paper")
     p.add_argument("--loaders", default="sequential,pipeline,device")
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batches", type=int, default=60, help="training batches per epoch (0: all)")
+    p.add_argument("--batches", type=int, default=40, help="training batches per epoch (0: all)")
     p.add_argument("--batch-size", type=int, default=None, help="speed runs (default: the config's, 1024)")
     p.add_argument("--trim", type=int, default=5, help="batches dropped at each end of the batch time")
     p.add_argument("--num-workers", type=int, default=None, help="pipeline workers (default: cores - 1)")
@@ -362,6 +362,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def save_json(args, speed: list[SpeedRow], accuracy: list[AccuracyRow], census: list[SyncRow]) -> None:
+    """The results so far (written after every stage: a run cut short keeps what it measured)."""
+    if args.out is None:
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "speed": [asdict(r) for r in speed],
+        "accuracy": [{**asdict(r), "mean": r.mean, "std": r.std} for r in accuracy],
+        "host_syncs": [asdict(r) for r in census],
+    }
+    (args.out / "device_sampling.json").write_text(json.dumps(payload, indent=2))
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
     t0 = time.perf_counter()
@@ -371,18 +385,22 @@ def main(argv: list[str]) -> int:
         f"{time.perf_counter() - t0:.0f} s",
         flush=True,
     )
-    speed = []
+    speed: list[SpeedRow] = []
+    accuracy: list[AccuracyRow] = []
     for config in args.configs:
         for loader in args.loaders:
             speed.append(speed_run(ds, config, loader, args))
             print(speed_table(speed[-1:])[-1], flush=True)
+            save_json(args, speed, accuracy, [])
     census = sync_census(ds, args.census_batches, args.batch_size or 1024)
+    save_json(args, speed, accuracy, census)
     del ds
-    accuracy = []
     for name, data in accuracy_datasets(args).items():
         for loader in ("sequential", "device"):
             metrics = [test_metric(data, loader, seed, args) for seed in args.seeds]
             accuracy.append(AccuracyRow(name, loader, args.seeds, metrics))
+            print(accuracy_table(accuracy[-1:], args.accuracy_epochs)[-1], flush=True)
+            save_json(args, speed, accuracy, census)
     header = machine_header("device_sampling", argv) + [
         f"- speed: products_like x{args.scale:g}, {args.batches or 'all'} batches x {args.epochs} epochs; "
         f"total {time.perf_counter() - t0:.0f} s"
@@ -394,14 +412,7 @@ def main(argv: list[str]) -> int:
         "",
         *census_table(census),
     ]
-    md_out = args.out / "device_sampling.md" if args.out is not None else None
-    write_report("Device-resident sampling", header, table, md_out)
-    if args.out is not None:
-        payload = {
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "speed": [asdict(r) for r in speed],
-            "accuracy": [{**asdict(r), "mean": r.mean, "std": r.std} for r in accuracy],
-            "host_syncs": [asdict(r) for r in census],
-        }
-        (args.out / "device_sampling.json").write_text(json.dumps(payload, indent=2))
+    write_report(
+        "Device-resident sampling", header, table, args.out / "device_sampling.md" if args.out else None
+    )
     return 0
