@@ -9,7 +9,9 @@ from typing_extensions import override
 
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models.inference import FullGraphLoader
+from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader, resolve_placement
 from lightning_mqgnn.pipeline.loader import PipelinedLoader
+from lightning_mqgnn.pipeline.placement import DEFAULT_MARGIN, Placement, check_place
 from lightning_mqgnn.pipeline.plan import EpochPlan
 from lightning_mqgnn.pipeline.sequential import SequentialLoader
 from lightning_mqgnn.pipeline.settings import PipelineSettings
@@ -17,7 +19,7 @@ from lightning_mqgnn.pipeline.source import BatchSource
 from lightning_mqgnn.sampling.base import Sampler
 from lightning_mqgnn.sampling.feature_cache import FeatureCache
 
-MODES = ("sequential", "pipeline")
+MODES = ("sequential", "pipeline", "device")
 
 
 class MQGNNDataModule(pl.LightningDataModule):
@@ -38,6 +40,13 @@ class MQGNNDataModule(pl.LightningDataModule):
     batches. Each rank trains on its own disjoint share of the seeds every epoch
     (``epoch_batches``). ``feature_cache`` (e.g. GNS) is refreshed at every epoch start; its rows
     are kept on the device and merged into ``batch.features`` before the model sees it.
+
+    Placement (``pipeline/placement.py``): ``sample_on`` / ``features_on`` (``"auto"``, ``"cpu"``,
+    ``"cuda"``) put the graph and the feature matrix in device memory. When sampling resolves to
+    the CUDA device, the ``DeviceResidentLoader`` samples and gathers there on its own stream,
+    whatever ``mode`` says, with a device queue of ``queue_size``; features that do not fit stay
+    in host memory (logged). ``mode="device"`` asks for that loader on the training device
+    whatever it is (on a CPU trainer: the same code on the CPU).
     """
 
     def __init__(
@@ -60,11 +69,17 @@ class MQGNNDataModule(pl.LightningDataModule):
         producer: str = "auto",
         aggregate_inputs: bool = False,
         feature_cache: FeatureCache | None = None,
+        sample_on: str = "cpu",
+        features_on: str = "auto",
     ):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"loader mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
+        self.sample_on = check_place("sample_on", sample_on)
+        self.features_on = check_place("features_on", features_on)
+        self._placement: Placement | None = None
+        self.device_loader: DeviceResidentLoader | None = None
         self.aggregate_inputs = aggregate_inputs
         self.source = BatchSource(
             dataset, sampler, batch_size, shuffle, drop_last, seed, aggregate_inputs, feature_cache
@@ -86,6 +101,8 @@ class MQGNNDataModule(pl.LightningDataModule):
         # ddp_spawn pickles the DataModule: never ship live processes or threads
         state = self.__dict__.copy()
         state["pipeline_loader"] = None
+        state["device_loader"] = None
+        state["_placement"] = None
         return state
 
     @property
@@ -135,9 +152,30 @@ class MQGNNDataModule(pl.LightningDataModule):
         accepts = module is None or getattr(module, "accepts_aggregated_inputs", False)
         self.source.aggregate_inputs = self.aggregate_inputs and accepts
 
+    def placement(self) -> Placement:
+        """Where this fit samples and gathers, decided once from the trainer's device and its
+        free memory (``resolve_placement``)."""
+        if self._placement is None:
+            device = self.epoch_plan().device
+            placement = resolve_placement(
+                self.source, self.sample_on, self.features_on, device, DEFAULT_MARGIN
+            )
+            if self.mode == "device" and device.type == "cuda" and not placement.on_device:
+                raise ValueError(
+                    f"mode='device' samples on {device}, but sample_on={self.sample_on!r} keeps the "
+                    f"graph on the CPU ({placement.reason}); use sample_on='cuda' or 'auto'"
+                )
+            self._placement = placement
+        return self._placement
+
+    def uses_device_loader(self) -> bool:
+        return self.mode == "device" or self.placement().on_device
+
     @override
-    def train_dataloader(self) -> SequentialLoader | PipelinedLoader:
+    def train_dataloader(self) -> SequentialLoader | PipelinedLoader | DeviceResidentLoader:
         self.match_module()
+        if self.uses_device_loader():
+            return self.train_device_loader()
         if self.mode == "sequential":
             return SequentialLoader(self.source, self.epoch_plan)
         return self.train_pipeline_loader()
@@ -146,6 +184,14 @@ class MQGNNDataModule(pl.LightningDataModule):
         if self.pipeline_loader is None:
             self.pipeline_loader = PipelinedLoader(self.source, self.settings, self.epoch_plan)
         return self.pipeline_loader
+
+    def train_device_loader(self) -> DeviceResidentLoader:
+        if self.device_loader is None:
+            queue_size = self.settings.queue_size
+            self.device_loader = DeviceResidentLoader(
+                self.source, self.placement(), queue_size, self.epoch_plan, self.settings.memory_margin
+            )
+        return self.device_loader
 
     @override
     def val_dataloader(self) -> FullGraphLoader:
@@ -158,15 +204,17 @@ class MQGNNDataModule(pl.LightningDataModule):
     @override
     def setup(self, stage: str) -> None:
         self.match_module()
-        if stage == "fit" and self.mode == "pipeline":
+        if stage == "fit" and self.mode == "pipeline" and not self.uses_device_loader():
             # workers fork and sample the first batches while Lightning sets up and sanity-checks
             self.train_pipeline_loader().prime()
 
     def shutdown_pipeline(self) -> None:
-        """Stop the pipeline's workers and threads (idempotent). The loader object stays, with its
+        """Stop the pipeline's workers and threads, and the device sampler's thread (idempotent). The loader object stays, with its
         queue-size history; a later fit restarts its workers."""
         if self.pipeline_loader is not None:
             self.pipeline_loader.shutdown()
+        if self.device_loader is not None:
+            self.device_loader.shutdown()
 
     @override
     def teardown(self, stage: str) -> None:

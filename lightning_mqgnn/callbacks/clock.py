@@ -10,7 +10,7 @@ import torch
 def trimmed(values: list[float], trim: int = 20) -> list[float]:
     """``values`` without the first and last ``trim`` (the paper's batch-time window); all of them
     when there are too few to trim."""
-    return values[trim:-trim] if len(values) > 2 * trim else values
+    return values[trim : len(values) - trim] if len(values) > 2 * trim else values  # (trim 0: all)
 
 
 def trimmed_mean(values: list[float], trim: int = 20) -> float:

@@ -36,7 +36,9 @@ class CSRGraph:
 
     def row_ids(self) -> Tensor:
         """Destination id of every edge, in CSR order (the COO row vector)."""
-        return torch.repeat_interleave(torch.arange(self.num_nodes), self.in_degrees())
+        return torch.repeat_interleave(
+            torch.arange(self.num_nodes, device=self.indptr.device), self.in_degrees()
+        )
 
     def is_symmetric(self) -> bool:
         rows = self.row_ids()

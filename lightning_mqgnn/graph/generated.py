@@ -16,11 +16,14 @@ arxiv         169,343    13.7        128       40       54/18/28     accuracy
 products      2,449,029  50.5        100       47       8/2/90       accuracy
 reddit        232,965    490         602       41       66/10/24     micro_f1
 proteins      132,534    597         8         112 *    65/16/19     rocauc
+papers100m    111.06M    29.1        128       172      1.1/.1/.2 †  accuracy
 ============  =========  ==========  ========  =======  ===========  ========
 
 Splits are the paper's ratios (Table 1), drawn uniformly at random from ``seed``. Mean degree
 counts both directions of each undirected edge (arxiv: 2 * 1,166,243 / 169,343 = 13.8). Reddit's
 490 is DGL's Reddit graph (114.6M directed edges); the paper's Table 1 lists 11.6M edges.
+† papers100m labels only 1.4% of its nodes (ogbn-papers100M: 1.2M train, 125k val, 214k test
+of 111M); its 1.6B edges are undirected, so the mean degree is 2 * 1.6B / 111M.
 * proteins is multi-label: 112 binary tasks over 16 latent communities; each community has its
 own positive rate per task, and features/edges follow the community.
 """
@@ -57,6 +60,7 @@ PRESETS: dict[str, GraphPreset] = {
     "arxiv": GraphPreset(169_343, 13.7, 128, 40, (0.54, 0.18, 0.28)),
     "products": GraphPreset(2_449_029, 50.5, 100, 47, (0.08, 0.02, 0.90)),
     "reddit": GraphPreset(232_965, 490.0, 602, 41, (0.66, 0.10, 0.24), metric="micro_f1"),
+    "papers100m": GraphPreset(111_059_956, 29.1, 128, 172, (0.0109, 0.0011, 0.0019)),
     "proteins": GraphPreset(
         132_534, 597.0, 8, 112, (0.65, 0.16, 0.19), metric="rocauc", multilabel=True, num_communities=16
     ),

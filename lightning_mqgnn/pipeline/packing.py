@@ -68,7 +68,15 @@ class RowGather:
         torch.index_select(self.source, 0, self.rows, out=out)
 
     def value(self) -> Tensor:
-        return self.source.index_select(0, self.rows)
+        """The rows, on the device of ``rows``: ids sampled on a GPU gather host rows on the host
+        and copy them over through page-locked memory (the host gather path)."""
+        rows = self.rows
+        if rows.device == self.source.device:
+            return self.source.index_select(0, rows)
+        out = self.source.index_select(0, rows.to(self.source.device))
+        if rows.is_cuda and not out.is_cuda:
+            out = out.pin_memory()
+        return out.to(rows.device, non_blocking=True)
 
 
 @dataclass

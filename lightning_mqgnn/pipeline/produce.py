@@ -10,18 +10,24 @@ from torch import Tensor
 from lightning_mqgnn.pipeline.gather import gather
 from lightning_mqgnn.sampling.base import Sampler
 from lightning_mqgnn.sampling.batch import MiniBatch
+from lightning_mqgnn.sampling.rng import batch_generator, drawing_from
+
+
+def sampler_device(sampler: Sampler, seeds: Tensor) -> torch.device:
+    """Where ``sampler`` draws: its graph's device (the seeds' for a sampler without a graph)."""
+    graph = getattr(sampler, "graph", None)
+    return graph.indptr.device if graph is not None else seeds.device
 
 
 def sample_batch(sampler: Sampler, seeds: Tensor, rng_seed: int, index: int) -> MiniBatch:
-    """Sample ``seeds`` with torch's global generator seeded to ``rng_seed``.
-
-    Reseeds the global generator of the calling process: callers that also train in this
-    process wrap it in ``torch.random.fork_rng`` so the model's own random stream is untouched.
-    The time goes to ``batch.meta["sample_s"]``.
+    """Sample ``seeds`` drawing from a generator seeded to ``rng_seed`` on the sampler's device
+    (``rng.drawing_from``): the calling thread's default generators are not touched, so a
+    producer thread beside the training thread leaves its random stream alone. On CPU the draws
+    are those of ``torch.manual_seed(rng_seed)``. The time goes to ``batch.meta["sample_s"]``.
     """
-    torch.manual_seed(rng_seed)
     t0 = time.perf_counter()
-    batch = sampler.sample(seeds)
+    with drawing_from(batch_generator(rng_seed, sampler_device(sampler, seeds))):
+        batch = sampler.sample(seeds)
     batch.meta.update(index=index, sample_s=time.perf_counter() - t0)
     return batch
 

@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 
 
-def debias_alphas(m: int, n: int) -> Tensor:
+def debias_alphas(m: int, n: int, device: torch.device | str = "cpu") -> Tensor:
     """α_1..α_m of eq. 13 (float64); ``n`` = length of the probability vector (graph nodes)."""
-    k = torch.arange(m, dtype=torch.float64)  # 0-indexed: α = n / ((k+1)(n-k))
+    k = torch.arange(m, dtype=torch.float64, device=device)  # 0-indexed: α = n / ((k+1)(n-k))
     return n / ((k + 1.0) * (n - k))
 
 
@@ -32,11 +32,11 @@ def debias_weights(p_drawn: Tensor, n: int) -> Tensor:
     """
     m = p_drawn.shape[-1]
     if m == 0:
-        return torch.zeros(p_drawn.shape, dtype=torch.float64)
+        return torch.zeros(p_drawn.shape, dtype=torch.float64, device=p_drawn.device)
     if n < m:
         raise ValueError(f"debias_weights: n={n} must be at least the number of draws m={m}")
     p = p_drawn.to(torch.float64)
-    alpha = debias_alphas(m, n)
+    alpha = debias_alphas(m, n, p.device)
     # 1 - S_{k-1}; rounds slightly negative when the draws exhaust the support
     remaining = (1.0 - (torch.cumsum(p, -1) - p)).clamp_(min=0.0)
     # c_k = α_k Π_{l>k} (1 - α_l): the weight of Π_k in Y_m

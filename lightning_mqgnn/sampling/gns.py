@@ -126,10 +126,12 @@ class GNSSampler:
             counts = torch.bincount(rows, minlength=dst.numel())
         else:
             counts, pos = sample_neighbor_edges(
-                sub, torch.arange(dst.numel()), self.fanouts[0], replace=False
+                sub, torch.arange(dst.numel(), device=dst.device), self.fanouts[0], replace=False
             )
             nbrs = g.indices[sub.indices[pos]]
-            rows = torch.repeat_interleave(torch.arange(dst.numel()), counts)
+            rows = torch.repeat_interleave(
+                torch.arange(dst.numel(), device=dst.device), counts, output_size=pos.numel()
+            )
             q = counts.to(torch.float64) / cached_count.clamp(min=1).to(torch.float64)
             taken = q[rows]  # P(u taken | u cached)
         ht = 1.0 / (cache.inclusion[nbrs] * taken)  # Horvitz-Thompson factor
@@ -141,7 +143,7 @@ class GNSSampler:
         w = p * ht
         if self.estimator == "hajek":
             # rescale each row's weights to the row's exact mass Σ_u P_vu
-            total = torch.zeros(dst.numel(), dtype=torch.float64).index_add_(0, rows, w)
+            total = torch.zeros(dst.numel(), dtype=torch.float64, device=dst.device).index_add_(0, rows, w)
             w = w * (self._row_mass[dst][rows] / total[rows])
         self_weights = None if self.aggregation == "mean" else self._norm[dst] ** 2
         return sampled_block(src_nodes.numel(), counts, local, w, self_weights=self_weights), src_nodes
@@ -153,7 +155,7 @@ def cached_edges(cache: GNSCache, dst: Tensor) -> CSRGraph:
     it); each row in CSR order. Reads the cache's edge index: O(cached in-edges of ``dst``)."""
     starts = cache.edge_indptr.index_select(0, dst)
     deg = cache.edge_indptr.index_select(0, dst + 1) - starts
-    indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
+    indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64, device=dst.device)
     torch.cumsum(deg, 0, out=indptr[1:])
     edge = row_positions(starts, deg)
     return CSRGraph(indptr=indptr, indices=cache.edge_pos.index_select(0, edge), num_nodes=dst.numel())

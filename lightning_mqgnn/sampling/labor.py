@@ -49,6 +49,7 @@ from lightning_mqgnn.sampling.base import Relabeler, row_positions, sample_top_d
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm, row_mass
 from lightning_mqgnn.sampling.neighbor import NORMALIZATIONS, block_normalization, sampled_block
+from lightning_mqgnn.sampling.rng import sampling_generator
 
 ESTIMATORS = ("ht", "hajek")
 TOLERANCE = 1e-4
@@ -99,8 +100,10 @@ def below(seed: int, ids: Tensor, limit: Tensor) -> Tensor:
 
 
 def draw_layer_seed() -> int:
-    """A layer's hash seed, from torch's global generator (seeded per batch in the pipeline)."""
-    return int(torch.randint(0, 1 << 62, (1,)))
+    """A layer's hash seed, from ``sampling_generator()`` (seeded per batch by every loader)."""
+    generator = sampling_generator()
+    device = generator.device if generator is not None else "cpu"
+    return int(torch.randint(0, 1 << 62, (1,), device=device, generator=generator))
 
 
 @dataclass
@@ -127,12 +130,12 @@ class SourceIndex:
 
     def __call__(self, ids: Tensor) -> tuple[int, Tensor]:
         """``(U, local)``: the number of distinct ``ids`` and each entry's number among them."""
-        if self._slot is None:
-            self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64)
+        if self._slot is None or self._slot.device != ids.device:
+            self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=ids.device)
         slot = self._slot
         slot.index_fill_(0, ids, 0)
         distinct = torch.nonzero(slot == 0).squeeze(1)
-        slot.index_copy_(0, distinct, torch.arange(distinct.numel()))
+        slot.index_copy_(0, distinct, torch.arange(distinct.numel(), device=ids.device))
         local = slot.index_select(0, ids)
         slot.index_fill_(0, distinct, -1)
         return distinct.numel(), local
@@ -150,7 +153,7 @@ def solve_row_scale(cand: CandidateEdges, inv_pi: Tensor, k: Tensor) -> Tensor:
     rows = cand.rows
     target = cand.deg * cand.deg / k.clamp(min=1.0)
     c = row_sums(rows, inv_pi, cand.deg.numel()) / target.clamp(min=1.0)
-    clipped = torch.zeros(inv_pi.numel(), dtype=torch.bool)
+    clipped = torch.zeros(inv_pi.numel(), dtype=torch.bool, device=inv_pi.device)
     count_prev = None
     for _ in range(C_ITERATIONS):
         # C only grows (ties at c π_t = 1 would otherwise flip with rounding)
@@ -170,13 +173,13 @@ def labor_probabilities(
     """``π_ts = min(1, c_s π_t)`` for every candidate edge, after ``importance_sampling`` rounds of
     the fixed-point iteration (0: LABOR-0, -1: until converged, see the module docstring)."""
     if fanout < 0:
-        return torch.ones(cand.src.numel(), dtype=torch.float64)
+        return torch.ones(cand.src.numel(), dtype=torch.float64, device=cand.src.device)
     k = cand.deg.clamp(max=float(fanout))
     c = torch.where(cand.deg > 0, k / cand.deg.clamp(min=1.0), 0.0)  # LABOR-0: k / d_s
     if importance_sampling == 0:
         return c.index_select(0, cand.rows).clamp_(max=1.0)
     num_sources, local = index(cand.src)
-    pi = torch.ones(num_sources, dtype=torch.float64)
+    pi = torch.ones(num_sources, dtype=torch.float64, device=cand.src.device)
     rounds = MAX_ROUNDS if importance_sampling < 0 else importance_sampling
     expected_prev = float("inf")
     for _ in range(rounds):
@@ -197,7 +200,11 @@ def labor_sample(
     kept when ``r_t <= π_ts`` with one ``r_t`` per source vertex, and their ``π_ts``. LABOR-0
     compares each edge with its row's ``min(1, k/d_s)``: no per-edge probability is built."""
     if fanout < 0:
-        return torch.arange(cand.src.numel()), torch.ones(cand.src.numel(), dtype=torch.float64)
+        device = cand.src.device
+        return (
+            torch.arange(cand.src.numel(), device=device),
+            torch.ones(cand.src.numel(), dtype=torch.float64, device=device),
+        )
     if importance_sampling == 0:
         p_row = (cand.deg.clamp(max=float(fanout)) / cand.deg.clamp(min=1.0)).clamp_(max=1.0)
         keep = below(seed, cand.src, threshold(p_row).index_select(0, cand.rows))
@@ -212,12 +219,12 @@ def in_edge_candidates(graph: CSRGraph, dst: Tensor) -> tuple[CandidateEdges, Te
     starts = graph.indptr.index_select(0, dst)
     deg = graph.indptr.index_select(0, dst + 1) - starts
     pos = row_positions(starts, deg)
-    rows = torch.repeat_interleave(torch.arange(dst.numel()), deg, output_size=pos.numel())
+    rows = torch.repeat_interleave(torch.arange(dst.numel(), device=dst.device), deg, output_size=pos.numel())
     return CandidateEdges(graph.indices.index_select(0, pos), rows, deg.to(torch.float64)), pos
 
 
 def row_sums(rows: Tensor, values: Tensor, num_rows: int) -> Tensor:
-    return torch.zeros(num_rows, dtype=values.dtype).index_add_(0, rows, values)
+    return torch.zeros(num_rows, dtype=values.dtype, device=values.device).index_add_(0, rows, values)
 
 
 def normalise_rows(weights: Tensor, rows: Tensor, mass: Tensor) -> Tensor:
@@ -279,7 +286,11 @@ class LaborSampler:
             inv = 1.0 / prob
             imp = normalise_rows(inv, rows, counts.to(torch.float64))  # mean 1 over each row
             block = sampled_block(
-                src_nodes.numel(), counts, local, torch.ones_like(inv), self_weights=torch.ones(dst.numel())
+                src_nodes.numel(),
+                counts,
+                local,
+                torch.ones_like(inv),
+                self_weights=torch.ones(dst.numel(), device=dst.device),
             )
             w = block_normalization(block).to(torch.float64)
             # the self loop leads each row; the sampled entries follow it in ``local``'s order

@@ -23,6 +23,7 @@ from lightning_mqgnn.sampling.layerwise import (
     RowEntries,
     normalise,
 )
+from lightning_mqgnn.sampling.rng import sampling_generator
 from lightning_mqgnn.sampling.successive import continue_by_gumbel, rejection_draws, successive_sample
 
 # Clear the whole accumulator rather than the entries set, while it is at most this many times
@@ -37,7 +38,7 @@ class LADIESSampler(LayerwiseSampler):
 
     def layer_distribution(self, prev: Tensor, cols: Tensor, values: Tensor) -> LayerDistribution:
         support, inverse = self._distinct(cols)
-        pi = torch.zeros(support.numel(), dtype=torch.float64)
+        pi = torch.zeros(support.numel(), dtype=torch.float64, device=support.device)
         pi.index_add_(0, inverse, values.to(torch.float64).square())  # eq. 7 numerator
         if self.flat:
             pi = pi.sqrt()  # eq. 10
@@ -69,7 +70,7 @@ class LADIESSampler(LayerwiseSampler):
     def accumulator(self) -> Tensor:
         """The float32 [N] scratch of ``_flat_entry_weights`` (its only user), reused."""
         if self._acc is None:
-            self._acc = torch.zeros(self.graph.num_nodes, dtype=torch.float32)
+            self._acc = torch.zeros(self.graph.num_nodes, dtype=torch.float32, device=self.device)
             advise_huge_pages(self._acc)
         return self._acc
 
@@ -84,7 +85,9 @@ class LADIESSampler(LayerwiseSampler):
         """Sum ``L_ij²`` per distinct column (eq. 7), take the root with ``flat`` (eq. 10), draw;
         with ``drawn`` (global ids already drawn, in order) continue that successive sample."""
         support, inverse = self._distinct(cols)
-        pi = torch.zeros(support.numel(), dtype=torch.float64).scatter_add_(0, inverse, sq.to(torch.float64))
+        device = support.device
+        pi = torch.zeros(support.numel(), dtype=torch.float64, device=device)
+        pi.scatter_add_(0, inverse, sq.to(torch.float64))
         if self.flat:
             pi.sqrt_()
         p = normalise(pi, f"LADIES layer over {num_rows} rows")
@@ -93,8 +96,8 @@ class LADIESSampler(LayerwiseSampler):
             pos = successive_sample(p, s, nnz=support.numel(), last=support.numel() - 1, slot=self.scratch())
         else:
             pos = continue_by_gumbel(p, self.positions_in(support, drawn), min(s, support.numel()))
-        rank = torch.full((support.numel(),), -1, dtype=torch.int64)
-        rank[pos] = torch.arange(pos.numel())
+        rank = torch.full((support.numel(),), -1, dtype=torch.int64, device=device)
+        rank[pos] = torch.arange(pos.numel(), device=device)
         local = rank.gather(0, inverse)
         kept = (local >= 0).nonzero().squeeze(1)
         return LayerDraw(
@@ -116,16 +119,17 @@ class LADIESSampler(LayerwiseSampler):
         if not bool(total > 0):
             raise ValueError(f"LADIES layer over {num_rows} rows: sampling distribution has no positive mass")
         last = cdf.numel() - 1
+        generator = sampling_generator()
 
         def draw(n: int) -> Tensor:
-            u = torch.rand(n, dtype=torch.float64).mul_(total)
+            u = torch.rand(n, dtype=torch.float64, device=cdf.device, generator=generator).mul_(total)
             return cols.index_select(0, torch.searchsorted(cdf, u, right=True).clamp_(max=last))
 
         chosen = rejection_draws(draw, s, self.scratch())
         if chosen.numel() < s:  # stalled (few distinct columns): continue exactly, per column
             return self._draw_by_columns(cols, sq, values, s, num_rows, drawn=chosen)
         kept, local = self.kept_entries(chosen, cols)
-        mass = torch.zeros(s, dtype=torch.float64)
+        mass = torch.zeros(s, dtype=torch.float64, device=cdf.device)
         mass.scatter_add_(0, local, weights.index_select(0, kept).to(torch.float64))
         return LayerDraw(chosen, mass / total, kept, local, values.index_select(0, kept))
 
@@ -136,10 +140,10 @@ class LADIESSampler(LayerwiseSampler):
         that entry becomes the representative. O(len(cols)), no sort.
         """
         slot = self.scratch()
-        pos = torch.arange(cols.numel())
+        pos = torch.arange(cols.numel(), device=cols.device)
         slot.scatter_(0, cols, pos)  # duplicates: one write per id survives
         support = cols[slot.gather(0, cols) == pos]
-        slot.scatter_(0, support, torch.arange(support.numel()))
+        slot.scatter_(0, support, torch.arange(support.numel(), device=cols.device))
         inverse = slot.gather(0, cols)
         slot.scatter_(0, support, -1)
         return support, inverse

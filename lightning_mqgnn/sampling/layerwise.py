@@ -76,9 +76,14 @@ class LayerwiseSampler:
     def scratch(self) -> Tensor:
         """An all ``-1`` int64 [N] array, reused; callers restore every entry they set."""
         if self._scratch is None:
-            self._scratch = torch.full((self.graph.num_nodes,), -1, dtype=torch.int64)
+            self._scratch = torch.full((self.graph.num_nodes,), -1, dtype=torch.int64, device=self.device)
             advise_huge_pages(self._scratch)
         return self._scratch
+
+    @property
+    def device(self) -> torch.device:
+        """Where the graph, and so every tensor this sampler makes, lives."""
+        return self.graph.indptr.device
 
     def layer_distribution(self, prev: Tensor, cols: Tensor, values: Tensor) -> LayerDistribution:
         """Hook: the distribution of the layer below ``prev``, from the entries of ``L[prev, :]``
@@ -122,14 +127,14 @@ class LayerwiseSampler:
             return values
         row = torch.searchsorted(rows.ends, entries, right=True)
         values = self._edge_values(rows.edge_pos.index_select(0, entries))
-        is_self = (entries == rows.ends.index_select(0, row) - 1).nonzero().squeeze(1)
-        values[is_self] = self._self_w.index_select(0, prev.index_select(0, row.index_select(0, is_self)))
-        return values
+        is_self = entries == rows.ends.index_select(0, row) - 1
+        # a select over every entry, not an index of the self loops: no wait for their count
+        return torch.where(is_self, self._self_w.index_select(0, prev.index_select(0, row)), values)
 
     def positions_in(self, chosen: Tensor, cols: Tensor) -> Tensor:
         """Position of each ``cols`` entry in ``chosen`` (distinct ids), -1 if absent; O(len(cols))."""
         slot = self.scratch()
-        slot.scatter_(0, chosen, torch.arange(chosen.numel()))
+        slot.scatter_(0, chosen, torch.arange(chosen.numel(), device=chosen.device))
         local = slot.gather(0, cols)
         slot.scatter_(0, chosen, -1)
         return local
@@ -153,7 +158,9 @@ class LayerwiseSampler:
     def bitmap(self) -> Tensor:
         """An all-zero int64 array of ``ceil(N / 64)`` words, reused; callers clear what they set."""
         if self._bitmap is None:
-            self._bitmap = torch.zeros((self.graph.num_nodes + 63) // 64, dtype=torch.int64)
+            self._bitmap = torch.zeros(
+                (self.graph.num_nodes + 63) // 64, dtype=torch.int64, device=self.device
+            )
         return self._bitmap
 
     def column_weights(self, p_chosen: Tensor) -> Tensor:
@@ -164,7 +171,7 @@ class LayerwiseSampler:
 
     def _edge_values(self, edge_pos: Tensor) -> Tensor:
         if self._edge_w.numel() == 0:  # an edgeless graph: every entry is a self loop (edge_pos 0)
-            return torch.zeros(edge_pos.numel(), dtype=torch.float32)
+            return torch.zeros(edge_pos.numel(), dtype=torch.float32, device=edge_pos.device)
         return self._edge_w.index_select(0, edge_pos)
 
     def _block(self, rows: RowEntries, draw: LayerDraw) -> Block:
@@ -172,7 +179,7 @@ class LayerwiseSampler:
 
         The kept entries are ascending, so already grouped by row in CSR order (self loop last):
         a row's slice ends where its entries end."""
-        indptr = torch.zeros(rows.ends.numel() + 1, dtype=torch.int64)
+        indptr = torch.zeros(rows.ends.numel() + 1, dtype=torch.int64, device=rows.ends.device)
         torch.searchsorted(draw.kept, rows.ends, out=indptr[1:])
         col_w = self.column_weights(draw.p_chosen)
         return Block(

@@ -14,6 +14,7 @@ from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.base import Relabeler, row_positions, sample_top_down
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm
+from lightning_mqgnn.sampling.rng import sampling_generator
 
 
 def sample_neighbor_edges(
@@ -23,29 +24,30 @@ def sample_neighbor_edges(
     node and their CSR positions, grouped by node in input order. ``fanout < 0`` takes all."""
     starts = graph.indptr.index_select(0, nodes)
     deg = graph.indptr.index_select(0, nodes + 1) - starts
+    device = starts.device
     if fanout < 0:
         counts = deg
         return counts, row_positions(starts, counts)
     if replace:
         counts = torch.where(deg > 0, torch.full_like(deg, fanout), torch.zeros_like(deg))
-        rows = torch.repeat_interleave(torch.arange(nodes.numel()), counts)
-        offset = (torch.rand(rows.numel(), dtype=torch.float64) * deg.index_select(0, rows)).long()
+        rows = torch.repeat_interleave(torch.arange(nodes.numel(), device=device), counts)
+        u = torch.rand(rows.numel(), dtype=torch.float64, device=device, generator=sampling_generator())
+        offset = (u * deg.index_select(0, rows)).long()
         return counts, starts.index_select(0, rows) + offset
     counts = deg.clamp(max=fanout)
     out_start = torch.cumsum(counts, 0) - counts
-    out = torch.empty(int(counts.sum()), dtype=torch.int64)
-    # rows with at most `fanout` edges keep them all
+    # rows with at most `fanout` edges keep them all: their positions, moved to the rows' places
+    # in the output (same offsets within a row, so a shift per row)
     full = torch.nonzero(deg <= fanout).squeeze(1)
-    fdeg = deg.index_select(0, full)
-    out.index_copy_(
-        0,
-        row_positions(out_start.index_select(0, full), fdeg),
-        row_positions(starts.index_select(0, full), fdeg),
-    )
-    # the others: a uniform `fanout`-subset of their offsets, O(fanout) per row whatever the degree
     part = torch.nonzero(deg > fanout).squeeze(1)
+    fdeg = deg.index_select(0, full)
+    kept = row_positions(starts.index_select(0, full), fdeg)
+    shift = (out_start - starts).index_select(0, full)
+    out = torch.empty(kept.numel() + fanout * part.numel(), dtype=torch.int64, device=device)
+    out.index_copy_(0, kept + torch.repeat_interleave(shift, fdeg, output_size=kept.numel()), kept)
+    # the others: a uniform `fanout`-subset of their offsets, O(fanout) per row whatever the degree
     offsets = uniform_subsets(deg.index_select(0, part), fanout)
-    slots = out_start.index_select(0, part).unsqueeze(1) + torch.arange(fanout)
+    slots = out_start.index_select(0, part).unsqueeze(1) + torch.arange(fanout, device=device)
     out.index_copy_(0, slots.reshape(-1), (starts.index_select(0, part).unsqueeze(1) + offsets).reshape(-1))
     return counts, out
 
@@ -58,10 +60,13 @@ def uniform_subsets(n: Tensor, k: int) -> Tensor:
     is already in. Every subset comes out with probability ``1 / C(n, k)``, without rejection and
     without touching the row's other offsets.
     """
-    chosen = torch.empty(n.numel(), k, dtype=torch.int64)
+    chosen = torch.empty(n.numel(), k, dtype=torch.int64, device=n.device)
+    generator = sampling_generator()
     for step in range(k):
         j = n - (k - step)
-        t = (torch.rand(n.numel(), dtype=torch.float64) * (j + 1)).long()
+        t = (
+            torch.rand(n.numel(), dtype=torch.float64, device=n.device, generator=generator) * (j + 1)
+        ).long()
         if step:
             t = torch.where((chosen[:, :step] == t.unsqueeze(1)).any(1), j, t)
         chosen[:, step] = t
@@ -75,16 +80,18 @@ def sampled_block(
     ``local``, grouped by row), preceded by its self loop when ``self_weights`` is given (GCN's
     exact diagonal 1/d̂_v, eq. 2). Destinations are the first ``len(counts)`` sources."""
     num_dst = counts.numel()
+    device = counts.device
     row_len = counts if self_weights is None else counts + 1
-    indptr = torch.zeros(num_dst + 1, dtype=torch.int64)
+    indptr = torch.zeros(num_dst + 1, dtype=torch.int64, device=device)
     torch.cumsum(row_len, 0, out=indptr[1:])
     if self_weights is None:
         indices, w = local, weights
     else:
         nbr_pos = row_positions(indptr[:-1] + 1, counts)
-        indices = torch.empty(int(indptr[-1]), dtype=torch.int64)
-        w = torch.empty(int(indptr[-1]), dtype=torch.float64)
-        indices[indptr[:-1]] = torch.arange(num_dst)
+        total = local.numel() + num_dst  # = indptr[-1], known without reading the device
+        indices = torch.empty(total, dtype=torch.int64, device=device)
+        w = torch.empty(total, dtype=torch.float64, device=device)
+        indices[indptr[:-1]] = torch.arange(num_dst, device=device)
         w[indptr[:-1]] = self_weights.to(torch.float64)
         indices[nbr_pos] = local
         w[nbr_pos] = weights
@@ -149,14 +156,20 @@ class NeighborSampler:
         counts, edge_pos = sample_neighbor_edges(g, dst, fanout, self.replace)
         nbrs = g.indices.index_select(0, edge_pos)
         src_nodes, local = self._relabel(dst, nbrs)
-        rows = torch.repeat_interleave(torch.arange(dst.numel()), counts)
+        rows = torch.repeat_interleave(
+            torch.arange(dst.numel(), device=dst.device), counts, output_size=nbrs.numel()
+        )  # (the size given: no wait for the device to count it)
         row_counts = counts.index_select(0, rows).to(torch.float64)
         if self.aggregation == "mean":
             return sampled_block(src_nodes.numel(), counts, local, 1.0 / row_counts), src_nodes
         if self.normalization == "block":
-            ones = torch.ones(local.numel(), dtype=torch.float64)
+            ones = torch.ones(local.numel(), dtype=torch.float64, device=dst.device)
             block = sampled_block(
-                src_nodes.numel(), counts, local, ones, self_weights=torch.ones(dst.numel())
+                src_nodes.numel(),
+                counts,
+                local,
+                ones,
+                self_weights=torch.ones(dst.numel(), device=dst.device),
             )
             block.weights = block_normalization(block)
             return block, src_nodes

@@ -27,15 +27,21 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from lightning_mqgnn.sampling.rng import sampling_generator
+
 _REJECTION_ROUNDS = 4  # rejection rounds before continuing by Gumbel-top-k
 _EARLIER = 1 << 62  # first_occurrences keys: _EARLIER - position, larger = earlier
 
 
 def gumbel_top_k(p: Tensor, s: int, generator: torch.Generator | None = None) -> Tensor:
-    """Positions of ``s`` successive draws from ``p`` (unnormalised, >= 0), in draw order."""
+    """Positions of ``s`` successive draws from ``p`` (unnormalised, >= 0), in draw order;
+    ``generator`` None: ``sampling_generator()``."""
     if s <= 0:
-        return torch.empty(0, dtype=torch.int64)
-    gumbel = -torch.empty(p.numel(), dtype=torch.float64).exponential_(generator=generator).log()
+        return torch.empty(0, dtype=torch.int64, device=p.device)
+    generator = generator if generator is not None else sampling_generator()
+    gumbel = (
+        -torch.empty(p.numel(), dtype=torch.float64, device=p.device).exponential_(generator=generator).log()
+    )
     keys = p.to(torch.float64).log() + gumbel  # p_j = 0 gives -inf: never drawn while s <= nnz
     return torch.topk(keys, s, sorted=True).indices
 
@@ -48,10 +54,10 @@ def _first_occurrences(draws: Tensor, slot: Tensor | None = None) -> Tensor:
     """
     if slot is None:
         uniq, inverse = torch.unique(draws, return_inverse=True)
-        first = torch.full((uniq.numel(),), draws.numel(), dtype=torch.int64)
-        first.scatter_reduce_(0, inverse, torch.arange(draws.numel()), reduce="amin")
+        first = torch.full((uniq.numel(),), draws.numel(), dtype=torch.int64, device=draws.device)
+        first.scatter_reduce_(0, inverse, torch.arange(draws.numel(), device=draws.device), reduce="amin")
         return draws[torch.sort(first).values]
-    key = _EARLIER - torch.arange(draws.numel())
+    key = _EARLIER - torch.arange(draws.numel(), device=draws.device)
     slot.scatter_reduce_(0, draws, key, reduce="amax")
     first = slot.gather(0, draws) == key
     slot.scatter_(0, draws, -1)
@@ -64,12 +70,13 @@ def rejection_draws(draw: Callable[[int], Tensor], s: int, slot: Tensor | None =
     Keeps first occurrences of the with-replacement stream; returns fewer than ``s`` when the
     stream stalls for ``_REJECTION_ROUNDS`` rounds (the caller continues by Gumbel-top-k).
     """
-    drawn = torch.empty(0, dtype=torch.int64)
+    drawn = draw(s + s // 4 + 16)  # the first round; its device is that of every later draw
     for round_ in range(_REJECTION_ROUNDS):
-        need = s - drawn.numel()
-        # how many to draw changes only the cost, not the law; repeats are rare over big supports
-        extra = need // 4 if round_ == 0 else need
-        drawn = _first_occurrences(torch.cat([drawn, draw(need + extra + 16)]), slot)
+        if round_:
+            # how many to draw changes only the cost, not the law; repeats are rare over big supports
+            need = s - drawn.numel()
+            drawn = torch.cat([drawn, draw(2 * need + 16)])
+        drawn = _first_occurrences(drawn, slot)
         if drawn.numel() >= s:
             return drawn[:s]
     return drawn
@@ -92,10 +99,18 @@ class GuidedCDF:
         self.total = cdf[-1]
         self.cells = cdf.numel()
         self.scale = self.cells / float(self.total)
-        grid = torch.arange(self.cells + 1, dtype=torch.float64) * (float(self.total) / self.cells)
+        grid = torch.arange(self.cells + 1, dtype=torch.float64, device=cdf.device) * (
+            float(self.total) / self.cells
+        )
         self.guide = torch.searchsorted(cdf, grid, right=True)
-        inf = torch.full((window,), float("inf"), dtype=torch.float64)
-        self.windows = torch.cat([cdf, inf]).unfold(0, window, 1)  # [n + 1, window] view
+        inf = torch.full((window,), float("inf"), dtype=torch.float64, device=cdf.device)
+        self.padded = torch.cat([cdf, inf])
+
+    @property
+    def windows(self) -> Tensor:
+        """``[n + 1, window]`` overlapping windows of the CDF: a view, never a copy (so the table
+        moves to a device at the size of the CDF)."""
+        return self.padded.unfold(0, self.window, 1)
 
     def positions(self, u: Tensor) -> Tensor:
         """``searchsorted(cdf, u, right=True)`` clamped to ``last``, for ``u`` in ``[0, total]``."""
@@ -111,7 +126,9 @@ class GuidedCDF:
 
     def draw(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """``n`` i.i.d. positions with probability ``p_j = (cdf_j - cdf_{j-1}) / total``."""
-        return self.positions(torch.rand(n, dtype=torch.float64, generator=generator) * self.total)
+        generator = generator if generator is not None else sampling_generator()
+        u = torch.rand(n, dtype=torch.float64, device=self.cdf.device, generator=generator)
+        return self.positions(u * self.total)
 
 
 def successive_sample(
@@ -139,7 +156,8 @@ def successive_sample(
         last = int(positive[-1]) if nnz else -1
     s = min(int(s), nnz)
     if s <= 0:
-        return torch.empty(0, dtype=torch.int64)
+        return torch.empty(0, dtype=torch.int64, device=p.device)
+    generator = generator if generator is not None else sampling_generator()
     if 4 * s > nnz:  # a large share of the support: the O(support) form is as cheap and never stalls
         return gumbel_top_k(p, s, generator)
     if table is not None:
@@ -151,7 +169,7 @@ def successive_sample(
     total = cdf[-1]
 
     def draw(n: int) -> Tensor:
-        u = torch.rand(n, dtype=torch.float64, generator=generator) * total
+        u = torch.rand(n, dtype=torch.float64, device=cdf.device, generator=generator) * total
         # right=True skips p_j = 0; the clamp guards u * total rounding up to total
         return torch.searchsorted(cdf, u, right=True).clamp_(max=last)
 

@@ -102,3 +102,11 @@ def test_batch_timer_and_stage_timing_agree_and_exclude_validation():
     assert max(timer.batch_times) < pause and max(batches) < pause
     assert max(stages.epoch_times) < 2 * pause  # each epoch validated at least twice
     assert timer.train_time < sum(timer.batch_times) + pause
+
+
+def test_trimming_nothing_keeps_every_value():
+    from lightning_mqgnn.callbacks.clock import trimmed, trimmed_mean
+
+    assert trimmed([1.0, 2.0, 3.0], 0) == [1.0, 2.0, 3.0]
+    assert trimmed([1.0, 2.0, 3.0, 4.0, 5.0], 1) == [2.0, 3.0, 4.0]
+    assert trimmed_mean([1.0, 3.0], 0) == 2.0

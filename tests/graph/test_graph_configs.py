@@ -38,6 +38,25 @@ def test_generated_configs(name):
     assert isinstance(ds, GraphDataset) and ds.name.startswith(f"generated-{cfg.preset}")
 
 
+def test_products_like_at_scale_one_is_ogbn_products_size():
+    from lightning_mqgnn.graph.generated import PRESETS
+
+    cfg = _data_cfg("products_like")
+    assert cfg.preset == "products" and PRESETS["products"].num_nodes == 2_449_029
+
+
+def test_papers100m_like_is_papers100m_shaped_and_builds_at_a_tiny_scale():
+    from lightning_mqgnn.graph.generated import PRESETS
+
+    cfg = _data_cfg("papers100m_like")
+    p = PRESETS[cfg.preset]
+    assert (p.num_nodes, p.num_features, p.num_classes) == (111_059_956, 128, 172)
+    assert cfg.scale == 0.1 and abs(p.num_nodes * p.mean_degree / 2 - 1.6e9) < 0.05e9
+    ds = instantiate(cfg, scale=1e-4)  # 11,106 nodes
+    assert ds.num_nodes == 11_106 and ds.num_features == 128 and ds.num_classes == 172
+    assert ds.train_idx.numel() == round(0.0109 * 11_106)
+
+
 def test_default_generated_config_is_arxiv_tenth():
     cfg = _data_cfg("generated")
     assert (cfg.preset, cfg.scale) == ("arxiv", 0.1)

@@ -7,6 +7,7 @@ import pickle
 
 import pytest
 import torch
+from helpers.devices import DEVICES, on_device
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.pipeline.gather import gather
@@ -21,6 +22,7 @@ from lightning_mqgnn.sampling.feature_cache import (
 )
 from lightning_mqgnn.sampling.gns import GNSSampler
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
+from lightning_mqgnn.sampling.residency import copy_state_
 
 
 def random_graph(n: int, m: int, seed: int) -> CSRGraph:
@@ -89,7 +91,8 @@ def test_refresh_is_in_place_periodic_and_consistent():
 
 
 @pytest.mark.parametrize("aggregation", ["gcn", "mean"])
-def test_cached_input_layer_aggregation_is_unbiased(aggregation):
+@pytest.mark.parametrize("device", DEVICES)
+def test_cached_input_layer_aggregation_is_unbiased(aggregation, device):
     # Monte Carlo over 1500 (cache draw, sample) pairs: the mean of the input block's
     # aggregation is within 4.5 standard errors of the exact operator (P H for gcn, the neighbour
     # mean for mean), although each sample only reads cached neighbours
@@ -103,10 +106,12 @@ def test_cached_input_layer_aggregation_is_unbiased(aggregation):
     truth = exact_block.aggregate(h.float()).double()
     trials = 1500
     est = torch.zeros(trials, 4, 2, dtype=torch.float64)
+    moved = on_device(sampler, device)
     torch.manual_seed(7)
     for t in range(trials):
         cache.refresh_(t + 1)
-        b = sampler.sample(seeds)
+        copy_state_(moved.cache, cache)  # the device copy follows the host redraw, as in the loader
+        b = moved.sample(seeds.to(device)).to("cpu")
         assert b.meta["cache_version"] == t + 1
         est[t] = b.blocks[0].aggregate(h[b.input_nodes].float()).double()
     se = est.std(0) / trials**0.5

@@ -6,6 +6,7 @@ import pickle
 
 import pytest
 import torch
+from helpers.devices import DEVICES, on_device
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.base import Sampler
@@ -82,16 +83,18 @@ def test_block_weights_equal_laplacian_entries_times_column_weights():
             torch.testing.assert_close(block_dense(batch.blocks[0]), expect, rtol=1e-5, atol=1e-7)
 
 
-def one_layer_estimates(sampler, seeds, h, trials):
+def one_layer_estimates(sampler, seeds, h, trials, device="cpu"):
     est = torch.zeros(trials, seeds.numel(), h.shape[1], dtype=torch.float64)
+    sampler = on_device(sampler, device)
     for t in range(trials):
-        batch = sampler.sample(seeds)
+        batch = sampler.sample(seeds.to(device)).to("cpu")
         est[t] = batch.blocks[0].aggregate(h[batch.input_nodes].float()).double()
     return est
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v[2]], ids=variant_id)
-def test_debiased_sampled_product_is_unbiased(variant):
+@pytest.mark.parametrize("device", DEVICES)
+def test_debiased_sampled_product_is_unbiased(variant, device):
     # Monte Carlo over 1200 samples: mean of L̂[batch, S] H[S] within 4.5 standard errors of
     # L[batch, :] H for every entry (s = 12 of a support of ~40-60 nodes: far from with-replacement)
     cls, flat, _ = variant
@@ -101,14 +104,15 @@ def test_debiased_sampled_product_is_unbiased(variant):
     seeds = torch.tensor([0, 7, 19, 33])
     sampler = cls(graph, [12], flat=bool(flat), debias=True)
     torch.manual_seed(6)
-    est = one_layer_estimates(sampler, seeds, h, 1200)
+    est = one_layer_estimates(sampler, seeds, h, 1200, device)
     truth = lap[seeds] @ h
     se = est.std(0) / est.shape[0] ** 0.5
     assert ((est.mean(0) - truth).abs() <= 4.5 * se + 1e-5).all()
 
 
 @pytest.mark.parametrize("cls", [FastGCNSampler, LADIESSampler], ids=["fastgcn", "ladies"])
-def test_plain_weights_are_biased_without_replacement_and_debias_fixes_it(cls):
+@pytest.mark.parametrize("device", DEVICES)
+def test_plain_weights_are_biased_without_replacement_and_debias_fixes_it(cls, device):
     # s close to the support size: plain 1/(s p) (eq. 8) misses L H badly, debias (eq. 13) does not
     graph = random_graph(12, 20, 7)
     lap = dense_laplacian(graph)
@@ -116,26 +120,27 @@ def test_plain_weights_are_biased_without_replacement_and_debias_fixes_it(cls):
     seeds = torch.arange(12)
     truth = lap @ h
     torch.manual_seed(9)
-    plain = one_layer_estimates(cls(graph, [10]), seeds, h, 800).mean(0)
-    debiased = one_layer_estimates(cls(graph, [10], debias=True), seeds, h, 800).mean(0)
+    plain = one_layer_estimates(cls(graph, [10]), seeds, h, 800, device).mean(0)
+    debiased = one_layer_estimates(cls(graph, [10], debias=True), seeds, h, 800, device).mean(0)
     err_plain = float((plain - truth).abs().sum())
     err_debias = float((debiased - truth).abs().sum())
     assert err_plain > 5 * err_debias and err_plain > 0.5
 
 
 @pytest.mark.parametrize("cls", [FastGCNSampler, LADIESSampler], ids=["fastgcn", "ladies"])
-def test_two_layer_debiased_product_is_unbiased(cls):
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_layer_debiased_product_is_unbiased(cls, device):
     # E[B_out (B_in H)] = L[batch, :] L H: the layers compose (conditioning on the upper sample)
     graph = random_graph(50, 120, 10)
     lap = dense_laplacian(graph)
     h = torch.randn(50, 1, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
     seeds = torch.tensor([1, 2, 40])
-    sampler = cls(graph, [20, 10], debias=True)
+    sampler = on_device(cls(graph, [20, 10], debias=True), device)
     torch.manual_seed(12)
     trials = 1200
     est = torch.zeros(trials, 3, dtype=torch.float64)
     for t in range(trials):
-        b = sampler.sample(seeds)
+        b = sampler.sample(seeds.to(device)).to("cpu")
         inner = b.blocks[0].aggregate(h[b.input_nodes].float())
         est[t] = b.blocks[1].aggregate(inner).double()[:, 0]
     truth = (lap @ lap @ h)[seeds, 0]
@@ -196,7 +201,8 @@ def test_sampler_pickles_without_its_scratch_array():
 
 
 @pytest.mark.parametrize("flat", [False, True], ids=["ladies_d", "ladies_fd"])
-def test_ladies_draws_from_entries_are_unbiased_and_match_the_column_law(flat):
+@pytest.mark.parametrize("device", DEVICES)
+def test_ladies_draws_from_entries_are_unbiased_and_match_the_column_law(flat, device):
     # many rows against s (4 s <= entries): LADIES draws columns through entries drawn ∝ L_ij²
     # (flat: ∝ L_ij² / sqrt(π_j)); the block still equals L[batch, S] · diag(w) with p of eq. 7/10
     from lightning_mqgnn.sampling.debias import debias_weights
@@ -210,13 +216,14 @@ def test_ladies_draws_from_entries_are_unbiased_and_match_the_column_law(flat):
     dist = sampler.distribution(seeds)
     p = torch.zeros(60, dtype=torch.float64)
     p[dist.support] = dist.p
+    sampler = on_device(sampler, device)
     torch.manual_seed(14)
-    batch = sampler.sample(seeds)
+    batch = sampler.sample(seeds.to(device)).to("cpu")
     chosen = batch.input_nodes
     expect = lap[seeds][:, chosen] * debias_weights(p[chosen], 60)
     torch.testing.assert_close(block_dense(batch.blocks[0]), expect, rtol=1e-5, atol=1e-7)
     h = torch.randn(60, 2, generator=torch.Generator().manual_seed(15), dtype=torch.float64)
-    est = one_layer_estimates(sampler, seeds, h, 1500)
+    est = one_layer_estimates(sampler, seeds, h, 1500, device)
     truth = lap[seeds] @ h
     se = est.std(0) / est.shape[0] ** 0.5
     assert ((est.mean(0) - truth).abs() <= 4.5 * se + 1e-5).all()
@@ -224,7 +231,7 @@ def test_ladies_draws_from_entries_are_unbiased_and_match_the_column_law(flat):
     first = torch.zeros(60, dtype=torch.float64)
     trials = 3000
     for _ in range(trials):
-        first[sampler.sample(seeds).input_nodes[0]] += 1
+        first[sampler.sample(seeds.to(device)).input_nodes[0].cpu()] += 1
     tol = 5 * (p * (1 - p) / trials).sqrt() + 1e-3
     assert ((first / trials - p).abs() <= tol).all()
 

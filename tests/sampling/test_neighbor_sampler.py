@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers.devices import DEVICES, on_device
 from helpers.paths import CONF
 
 from lightning_mqgnn.graph.csr import CSRGraph
@@ -24,16 +25,17 @@ def exact_aggregate(graph, seeds, aggregation, h):
 
 @pytest.mark.parametrize("aggregation", ["gcn", "mean"])
 @pytest.mark.parametrize("replace", [False, True])
-def test_monte_carlo_mean_matches_exact_aggregation(aggregation, replace):
+@pytest.mark.parametrize("device", DEVICES)
+def test_monte_carlo_mean_matches_exact_aggregation(aggregation, replace, device):
     torch.manual_seed(1)
     graph = random_graph()
     h = torch.randn(graph.num_nodes, 4, dtype=torch.float64)
     seeds = torch.arange(0, graph.num_nodes, 7)
     exact = exact_aggregate(graph, seeds, aggregation, h.float()).double()
-    sampler = NeighborSampler(graph, [3], aggregation, replace)
+    sampler = on_device(NeighborSampler(graph, [3], aggregation, replace), device)
     estimates = []
     for _ in range(800):
-        batch = sampler.sample(seeds)
+        batch = sampler.sample(seeds.to(device)).to("cpu")
         block = batch.blocks[0]
         estimates.append(torch.sparse.mm(block.adjacency().to(torch.float64), h[batch.input_nodes]))
     est = torch.stack(estimates)
@@ -159,3 +161,14 @@ def test_row_positions_concatenates_the_rows_ranges_with_empty_rows_anywhere():
         want = [torch.arange(int(s), int(s + c)) for s, c in zip(starts, counts)]
         expect = torch.cat(want) if want else torch.zeros(0, dtype=torch.int64)
         assert torch.equal(row_positions(starts, counts), expect)
+
+
+def test_row_positions_by_repeat_equals_the_cumulative_form():
+    from lightning_mqgnn.sampling.base import row_positions, row_positions_by_repeat
+
+    g = torch.Generator().manual_seed(3)
+    starts = torch.randint(0, 1000, (200,), generator=g)
+    counts = torch.randint(0, 4, (200,), generator=g)  # many empty rows
+    assert torch.equal(row_positions_by_repeat(starts, counts), row_positions(starts, counts))
+    empty = torch.zeros(3, dtype=torch.int64)
+    assert row_positions_by_repeat(empty, empty).numel() == 0

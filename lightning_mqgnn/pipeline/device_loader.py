@@ -1,0 +1,308 @@
+"""The device-resident loader: sample and gather where the model trains, no host in the loop.
+
+The graph (CSR and sampler state, ``residency.to_device``) is moved to the training device once;
+the feature matrix too when the placement allows (``placement.Placement``), else rows are
+gathered in host memory and copied over, a GNS cache's rows kept on the device. Each epoch a
+producer thread samples and gathers every batch on a dedicated stream (CUDA: a
+``torch.cuda.Stream``; CPU: no stream, the same code) into a bounded ``DeviceQueue`` of Q batches,
+recording an event after each; the training thread makes its stream wait on that event
+(``DeviceMover.hand_over``) instead of synchronising the host. Q is fixed or eq. 24-25
+(``AdaptiveQueueSize``) as in the multi-queue pipeline.
+
+Batches are seeded per (seed, epoch, batch index) and drawn from a generator on the sampling
+device (``rng.drawing_from``), never the default one the training thread's dropout uses: on the
+CPU the batches are exactly ``SequentialLoader``'s; on a GPU they follow the same law from the
+device's own random stream (Philox), so they are other draws.
+
+Host syncs left on the sampling path: each is a wait of the producer thread for the device, not
+of the compute stream, for a value or an output size torch must know on the host. Counted per
+batch by call site with ``recipes/bench.py device_sampling`` (its census; on a GPU also CUDA's
+sync debug mode), they are, per node-wise layer: the two ``nonzero`` splitting rows at the
+fan-out, ``row_positions``' total (on the CPU also its empty-row check), the ``Relabeler``'s mask
+and ``unique`` of new sources, one more ``row_positions`` for GCN's self loops; per layer-wise
+layer: ``row_positions`` of ``L[prev, :]``, the distinct draws (``_first_occurrences``), the kept
+entries' ``nonzero``, FastGCN's guide-table ``nonzero`` or LADIES' ``total > 0`` check; for GNS
+also the cache ``version`` and the cached sub-CSR's empty rows; with host features the cache
+``lookup``'s hit count and the copy of the input ids to the host. SAGE with fan-outs 15,10,5:
+18 a batch counted on the CPU, 15 on a GPU (``row_positions`` reads one value there).
+``device_sampling`` reports the sampling and gathering time per batch they cost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lightning_mqgnn.pipeline.device_queue import DeviceQueue
+from lightning_mqgnn.pipeline.gather import gather
+from lightning_mqgnn.pipeline.placement import Placement, decide_placement, free_device_memory
+from lightning_mqgnn.pipeline.plan import EpochPlan, Planned
+from lightning_mqgnn.pipeline.produce import sample_batch
+from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize
+from lightning_mqgnn.pipeline.source import BatchSource
+from lightning_mqgnn.pipeline.transfer import DeviceMover, batch_nbytes
+from lightning_mqgnn.sampling.base import Sampler
+from lightning_mqgnn.sampling.batch import MiniBatch
+from lightning_mqgnn.sampling.feature_cache import FeatureCache, merge_cached_rows, resident_rows
+from lightning_mqgnn.sampling.residency import copy_state_, state_nbytes, to_device
+
+_POLL_S = 0.1
+SCRATCH_BYTES_PER_NODE = 24  # the samplers' [N] scratch arrays (relabel slots, bitmaps, sums)
+
+
+def resident_sizes(source: BatchSource) -> tuple[int, int]:
+    """``(graph_bytes, feature_bytes)`` a device-resident run puts on the device: the sampler's
+    state with its scratch arrays, the cache and the labels; the feature matrix."""
+    ds = source.dataset
+    state = state_nbytes((source.sampler, source.feature_cache, ds.labels))
+    graph_bytes = state + SCRATCH_BYTES_PER_NODE * ds.num_nodes
+    return graph_bytes, ds.features.numel() * ds.features.element_size()
+
+
+def resolve_placement(
+    source: BatchSource, sample_on: str, features_on: str, device: torch.device | str, margin: float
+) -> Placement:
+    """``decide_placement`` for ``source`` trained on ``device``, from its free memory now."""
+    graph_bytes, feature_bytes = resident_sizes(source)
+    return decide_placement(
+        sample_on,
+        features_on,
+        graph_bytes=graph_bytes,
+        feature_bytes=feature_bytes,
+        device=device,
+        free_bytes=free_device_memory(device),
+        margin=margin,
+    )
+
+
+@dataclass
+class ResidentGraph:
+    """What the producer reads, on ``device``: the moved sampler (and its cache), the labels,
+    and the features (on the device, or the host ones when they stay there)."""
+
+    device: torch.device
+    sampler: Sampler
+    labels: Tensor
+    features: Tensor
+    cache: FeatureCache | None
+
+    @classmethod
+    def build(cls, source: BatchSource, placement: Placement) -> ResidentGraph:
+        device = placement.sample_on
+        if device.type == "cuda" and device.index is None:  # "cuda": the current device, by index
+            device = torch.device("cuda", torch.cuda.current_device())
+        memo: dict = {}  # a GNS sampler and its cache keep one moved graph
+        sampler = to_device(source.sampler, device, memo)
+        cache = to_device(source.feature_cache, device, memo) if source.feature_cache is not None else None
+        ds = source.dataset
+        features_on = device if placement.features_resident else placement.features_on
+        return cls(device, sampler, ds.labels.to(device), ds.features.to(features_on), cache)
+
+    @property
+    def features_resident(self) -> bool:
+        return self.features.device == self.device
+
+
+class DeviceResidentLoader(Planned):
+    """The training batches of ``source``, sampled and gathered on ``placement.sample_on`` by a
+    producer thread into a device queue of ``queue_size`` batches (int, or ``"auto"``: eq. 24-25).
+
+    ``plan``: as ``PipelinedLoader``'s; each rank samples its own share of the seeds
+    (``plan.rank``/``world_size``) on its own device. The graph moves at the first epoch and
+    stays until the loader is collected; ``shutdown`` stops the running epoch's thread.
+    """
+
+    def __init__(
+        self,
+        source: BatchSource,
+        placement: Placement | None = None,
+        queue_size: int | str = 2,
+        plan: EpochPlan | Callable[[], EpochPlan] | None = None,
+        memory_margin: float = 0.1,
+    ):
+        super().__init__(plan)
+        if queue_size != "auto" and (not isinstance(queue_size, int) or queue_size < 1):
+            raise ValueError(f"queue_size must be a positive int or 'auto', got {queue_size!r}")
+        self.source = source
+        self.placement = placement if placement is not None else Placement()
+        self.fixed_q = None if queue_size == "auto" else int(queue_size)
+        self.sizer = AdaptiveQueueSize(margin=memory_margin)
+        self.sizer.device = self.placement.sample_on
+        self.mover = DeviceMover(self.placement.sample_on)
+        self.resident: ResidentGraph | None = None
+        self._run: _DeviceEpoch | None = None
+
+    def __len__(self) -> int:
+        return self.source.num_batches(self.plan().world_size)
+
+    @property
+    def queue_size(self) -> int:
+        return self.fixed_q if self.fixed_q is not None else self.sizer.q
+
+    def __iter__(self) -> Iterator[MiniBatch]:
+        self.close_epoch()
+        self._run = _DeviceEpoch(self)
+        return self._run
+
+    def begin_epoch(self) -> tuple[int, list[Tensor]]:
+        """Residency (once), the epoch's cache draw on the device, and the seeds of this rank."""
+        if self.resident is None:
+            self.resident = ResidentGraph.build(self.source, self.placement)
+        plan = self.plan()
+        cache = self.source.feature_cache
+        if self.mover.cuda:  # nothing the last producer launched still reads what is rewritten here
+            torch.cuda.current_stream(self.mover.device).wait_stream(self.mover.stream)
+        if cache is not None:
+            cache.refresh_(plan.epoch)  # in place on the host, while no producer samples ...
+            copy_state_(self.resident.cache, cache)  # ... then into the device copy
+            if not self.resident.features_resident:
+                self.mover.set_cache(resident_rows(cache, self.resident.features, self.resident.device))
+        if self.mover.cuda:
+            # the producer's stream reads what this thread copied over on its own stream
+            self.mover.stream.wait_stream(torch.cuda.current_stream(self.mover.device))
+        return plan.epoch, self.source.epoch_seeds(plan.epoch, plan.rank, plan.world_size)
+
+    def produce(self, epoch: int, index: int, seeds: Tensor) -> MiniBatch:
+        """Batch ``index`` of ``epoch``, sampled and gathered on the device (the producer's work)."""
+        r = self.resident
+        t0 = time.perf_counter()
+        batch = sample_batch(r.sampler, seeds.to(r.device), self.source.rng_seed(epoch, index), index)
+        t1 = time.perf_counter()
+        if r.features_resident:
+            # the rows are all here: no cache lookup, and the first layer may be aggregated
+            aggregation = self.source.input_aggregation if r.cache is None else None
+            gather(batch, r.features, r.labels, None, aggregation)
+        else:
+            slot = r.cache.slot if r.cache is not None else None
+            gather(batch, r.features, r.labels, slot, None)  # host rows, copied in RowGather
+            merge_cached_rows(batch, self.mover.cache)
+        batch.meta.update(gather_s=time.perf_counter() - t1, sample_s=t1 - t0)
+        return batch
+
+    def close_epoch(self) -> None:
+        if self._run is not None:
+            self._run.stop()
+            self._run = None
+
+    def shutdown(self) -> None:
+        """Stop the producer thread (idempotent); the resident graph stays for a later epoch."""
+        self.close_epoch()
+
+    def producer_alive(self) -> bool:
+        run = self._run
+        return run is not None and run.thread is not None and run.thread.is_alive()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.shutdown()
+
+
+class _DeviceEpoch:
+    """One epoch: the producer thread and the iterator the training loop reads."""
+
+    def __init__(self, loader: DeviceResidentLoader):
+        self.loader = loader
+        self.queue = DeviceQueue(loader.queue_size)
+        self.stop_event = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.done = False
+        self.epoch = -1
+        self.batches: list[Tensor] = []
+        self._last_return: float | None = None
+
+    def __iter__(self) -> _DeviceEpoch:
+        return self
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def _start(self) -> None:
+        self.epoch, self.batches = self.loader.begin_epoch()
+        self.thread = threading.Thread(target=self._produce, name="mqgnn-device-sampler", daemon=True)
+        self.thread.start()
+
+    def _produce(self) -> None:
+        loader = self.loader
+        mover = loader.mover
+        stream = torch.cuda.stream(mover.stream) if mover.cuda else contextlib.nullcontext()
+        try:
+            with stream:
+                for index, seeds in enumerate(self.batches):
+                    if self.stop_event.is_set():
+                        return
+                    t0 = time.perf_counter()
+                    batch = loader.produce(self.epoch, index, seeds)
+                    event = None
+                    if mover.cuda:
+                        event = torch.cuda.Event()
+                        event.record(mover.stream)
+                        event.synchronize()  # only this thread waits: times the batch, bounds memory
+                    prep_s = time.perf_counter() - t0
+                    batch.meta.update(prep_s=prep_s, batch_bytes=batch_nbytes(batch))
+                    loader.sizer.observe_prep(prep_s)
+                    if not self.queue.put((batch, event), self.stop_event):
+                        return
+            self.queue.finish()
+        except BaseException as exc:  # surfaces in the training thread at its next request
+            self.queue.fail(exc)
+
+    def __next__(self) -> MiniBatch:
+        if self.done:
+            raise StopIteration
+        if self.thread is None:
+            self._start()
+        loader = self.loader
+        start = time.perf_counter()
+        compute_s = None
+        if self._last_return is not None:
+            compute_s = start - self._last_return
+            loader.sizer.observe_compute(compute_s)
+        depth = len(self.queue)
+        while True:
+            entry = self.queue.get(timeout=_POLL_S)
+            if entry is not None:
+                break
+            if not self.thread.is_alive() and len(self.queue) == 0:
+                self.stop()
+                raise RuntimeError("the device sampler thread stopped without ending the epoch")
+        kind, payload = entry
+        if kind == "end":
+            self.stop()
+            raise StopIteration
+        if kind == "error":
+            self.stop()
+            raise RuntimeError(f"device-resident sampling failed: {payload!r}") from payload
+        batch, event = payload
+        batch = loader.mover.hand_over(batch, event)
+        if loader.fixed_q is None:
+            est = loader.sizer.update(batch.meta["batch_bytes"], batch.meta["index"])
+            if est is not None:
+                self.queue.set_capacity(est.q)
+        batch.meta.update(
+            wait_s=time.perf_counter() - start,
+            device_queue_depth=depth,
+            queue_size=self.queue.capacity,
+            epoch=self.epoch,
+            producer="device",
+        )
+        if compute_s is not None:
+            batch.meta["prev_compute_s"] = compute_s
+        self._last_return = time.perf_counter()
+        return batch
+
+    def stop(self) -> None:
+        """End the epoch: the producer stops at its next batch and is joined."""
+        self.stop_event.set()
+        self.done = True
+        thread = self.thread
+        if thread is not None and thread.is_alive() and threading.current_thread() is not thread:
+            thread.join(5.0)
+
+    def __del__(self):
+        self.stop_event.set()
