@@ -39,7 +39,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_mqgnn.pipeline.device_queue import DeviceQueue
+from lightning_mqgnn.pipeline.device_queue import (
+    DeviceQueue,
+    ProducerStopped,
+    hand_over_batch,
+    wait_for_entry,
+)
 from lightning_mqgnn.pipeline.gather import gather
 from lightning_mqgnn.pipeline.placement import Placement, decide_placement, free_device_memory
 from lightning_mqgnn.pipeline.plan import EpochPlan, Planned
@@ -52,7 +57,6 @@ from lightning_mqgnn.sampling.batch import MiniBatch
 from lightning_mqgnn.sampling.feature_cache import FeatureCache, merge_cached_rows, resident_rows
 from lightning_mqgnn.sampling.residency import copy_state_, state_nbytes, to_device
 
-_POLL_S = 0.1
 SCRATCH_BYTES_PER_NODE = 24  # the samplers' [N] scratch arrays (relabel slots, bitmaps, sums)
 
 
@@ -264,30 +268,23 @@ class _DeviceEpoch:
             compute_s = start - self._last_return
             loader.sizer.observe_compute(compute_s)
         depth = len(self.queue)
-        while True:
-            entry = self.queue.get(timeout=_POLL_S)
-            if entry is not None:
-                break
-            if not self.thread.is_alive() and len(self.queue) == 0:
-                self.stop()
-                raise RuntimeError("the device sampler thread stopped without ending the epoch")
-        kind, payload = entry
+        try:
+            kind, payload = wait_for_entry(self.queue, self.thread, "device sampler")
+        except ProducerStopped:
+            self.stop()
+            raise
         if kind == "end":
             self.stop()
             raise StopIteration
         if kind == "error":
             self.stop()
             raise RuntimeError(f"device-resident sampling failed: {payload!r}") from payload
-        batch, event = payload
-        batch = loader.mover.hand_over(batch, event)
-        if loader.fixed_q is None:
-            est = loader.sizer.update(batch.meta["batch_bytes"], batch.meta["index"])
-            if est is not None:
-                self.queue.set_capacity(est.q)
-        batch.meta.update(
+        batch = hand_over_batch(
+            loader,
+            self.queue,
+            payload,
             wait_s=time.perf_counter() - start,
             device_queue_depth=depth,
-            queue_size=self.queue.capacity,
             epoch=self.epoch,
             producer="device",
         )

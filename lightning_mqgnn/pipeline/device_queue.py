@@ -67,3 +67,35 @@ class DeviceQueue:
             entry = self._items.popleft()
             self._cond.notify_all()
             return entry
+
+
+POLL_S = 0.1  # how often a waiting consumer checks that its producer thread is still alive
+
+
+class ProducerStopped(RuntimeError):
+    """The thread filling a device queue ended without ending the epoch."""
+
+
+def wait_for_entry(queue: DeviceQueue, producer: threading.Thread, what: str) -> tuple[str, Any]:
+    """The next ``(kind, payload)`` of ``queue``; ``ProducerStopped`` naming ``what`` if the
+    ``producer`` thread died with the queue empty (instead of waiting forever)."""
+    while True:
+        entry = queue.get(timeout=POLL_S)
+        if entry is not None:
+            return entry
+        if not producer.is_alive() and len(queue) == 0:
+            raise ProducerStopped(f"the {what} thread stopped without ending the epoch")
+
+
+def hand_over_batch(loader: Any, queue: DeviceQueue, payload: Any, **meta: Any) -> Any:
+    """The consumer's side of a queued ``(batch, event)``: the training stream waits for the event
+    (``loader.mover``), the adaptive queue size learns the batch's bytes (``loader.sizer``, when
+    ``loader.fixed_q`` is None) and ``meta`` plus the queue size go into ``batch.meta``."""
+    batch, event = payload
+    batch = loader.mover.hand_over(batch, event)
+    if loader.fixed_q is None:
+        est = loader.sizer.update(batch.meta["batch_bytes"], batch.meta["index"])
+        if est is not None:
+            queue.set_capacity(est.q)
+    batch.meta.update(queue_size=queue.capacity, **meta)
+    return batch

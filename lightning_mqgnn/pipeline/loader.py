@@ -39,7 +39,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from lightning_mqgnn.pipeline.device_queue import DeviceQueue
+from lightning_mqgnn.pipeline.device_queue import (
+    DeviceQueue,
+    ProducerStopped,
+    hand_over_batch,
+    wait_for_entry,
+)
 from lightning_mqgnn.pipeline.plan import EpochPlan, Planned
 from lightning_mqgnn.pipeline.produce import sample_batch
 from lightning_mqgnn.pipeline.producer_choice import ProducerChoice
@@ -353,14 +358,12 @@ class _EpochRun:
             compute_s = start - self._last_return  # the training step between two requests
             loader.sizer.observe_compute(compute_s)
         depth = len(self.queue)
-        while True:
-            entry = self.queue.get(timeout=_POLL_S)
-            if entry is not None:
-                break
-            if not self._thread.is_alive() and len(self.queue) == 0:
-                self.stop()
-                raise RuntimeError("the mini-batch transfer thread stopped without ending the epoch")
-        kind, payload = entry
+        try:
+            kind, payload = wait_for_entry(self.queue, self._thread, "mini-batch transfer")
+        except ProducerStopped:
+            self.stop()
+            raise
+
         if kind == "end":
             self.done = True
             self._restore_threads()
@@ -371,21 +374,17 @@ class _EpochRun:
             if isinstance(payload, WorkerError):
                 raise WorkerError(str(payload)) from None
             raise RuntimeError(f"the mini-batch pipeline failed: {payload!r}") from payload
-        batch, event = payload
-        batch = loader.mover.hand_over(batch, event)
-        index = batch.meta["index"]
-        if loader.fixed_q is None:
-            est = loader.sizer.update(batch.meta["batch_bytes"], index)
-            if est is not None:
-                self.queue.set_capacity(est.q)
-        batch.meta.update(
+        batch = hand_over_batch(
+            loader,
+            self.queue,
+            payload,
             wait_s=time.perf_counter() - start,
             device_queue_depth=depth,
-            queue_size=self.queue.capacity,
             epoch=self.epoch,
             producer="workers",
             head_start=self._opened_by is not None,  # the epoch opened on a head start
         )
+        index = batch.meta["index"]
         if compute_s is not None:
             batch.meta["prev_compute_s"] = compute_s
         if index == len(self.batches) - 1:
