@@ -4,19 +4,12 @@ hybrid with graph parallelism (``LayerPipeline``)."""
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from lightning.fabric.strategies import _StrategyRegistry
-from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.overrides.distributed import _sync_module_states
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch import Trainer
 from torch import Tensor
-from torch.nn import Module
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -24,13 +17,16 @@ from lightning_mqgnn.fullgraph.batch import PartitionBatch
 from lightning_mqgnn.fullgraph.layer_pipeline import LayerPipeline, Staleness
 from lightning_mqgnn.fullgraph.layout import PipelineLayout
 from lightning_mqgnn.fullgraph.reduce import reduce_gradients
-from lightning_mqgnn.fullgraph.transport import Transport
+from lightning_mqgnn.fullgraph.strategy_base import FullGraphStrategyBase, TransportFactory
+
+CHUNKS_PER_STAGE = 4
 
 
-class GNNPipeStrategy(DDPStrategy):
+class GNNPipeStrategy(FullGraphStrategyBase):
     """Each rank computes a consecutive range of the model's graph convolutions for every chunk
     of its graph partition; chunks stream through the stages forward and backward (see
-    ``layer_pipeline``). ``stages`` pipeline stages per way (None: every rank, pure GNNPipe);
+    ``layer_pipeline``; the strategy runs the forward phase in ``training_step`` and the backward
+    phase in ``backward``). ``stages`` pipeline stages per way (None: every rank, pure GNNPipe);
     the world size over ``stages`` is the number of ways, i.e. graph partitions (the hybrid).
 
     Every rank keeps the whole model: after the backward the gradients are summed over ranks in one
@@ -41,7 +37,8 @@ class GNNPipeStrategy(DDPStrategy):
 
     Args:
         stages: pipeline stages per way.
-        num_chunks: chunks per partition (the pipeline's micro-batches).
+        num_chunks: chunks per partition (the pipeline's micro-batches); None: 4 per stage, as
+            GNNPipe runs (more chunks: smaller bubbles and less activation memory, more history rows).
         chunking: 'metis' or 'random' cut of a partition into chunks.
         shuffle: a new chunk order every epoch, the same on every rank.
         recompute: keep only each chunk's input and recompute its forward in the backward.
@@ -57,38 +54,29 @@ class GNNPipeStrategy(DDPStrategy):
     def __init__(
         self,
         stages: int | None = None,
-        num_chunks: int = 8,
+        num_chunks: int | None = None,
         chunking: str = "metis",
         shuffle: bool = True,
         recompute: bool = True,
         history_grad_scale: float = 1.0,
         halo_timeout_s: float = 60.0,
-        transport: Callable[..., Transport] | None = None,
+        transport: TransportFactory | None = None,
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
         if stages is not None and stages < 1:
             raise ValueError(f"GNNPipeStrategy: stages must be >= 1 (or None for one per rank), got {stages}")
-        if num_chunks < 1:
-            raise ValueError(f"GNNPipeStrategy: num_chunks must be >= 1, got {num_chunks}")
-        super().__init__(**kwargs)
+        if num_chunks is not None and num_chunks < 1:
+            raise ValueError(f"GNNPipeStrategy: num_chunks must be >= 1 (or None), got {num_chunks}")
+        super().__init__(halo_timeout_s, transport, seed, **kwargs)
         self.stages = stages
         self.num_chunks = num_chunks
         self.chunking = chunking
         self.shuffle = shuffle
         self.recompute = recompute
         self.history_grad_scale = history_grad_scale
-        self.halo_timeout_s = float(halo_timeout_s)
-        self.transport_factory = transport or Transport
-        self.seed = seed
         self.pipeline: LayerPipeline | None = None
-        self._group: Any = None
         self._batch: PartitionBatch | None = None
-        self._bytes_mark = 0
-        self._epoch_start = 0.0
-        self.epoch_bytes: list[int] = []  # all ranks together, per training epoch
-        self.epoch_losses: list[float] = []
-        self.epoch_times: list[float] = []
         self.staleness = Staleness()  # of every pipeline this strategy ran
         self.transfer_wait_s = 0.0  # the training thread's waits for transfers, of closed pipelines
 
@@ -110,20 +98,9 @@ class GNNPipeStrategy(DDPStrategy):
     def setup(self, trainer: Trainer) -> None:
         super().setup(trainer)
         self.layout()  # refuse an impossible layout before the first transfer
-        if self.world_size > 1 and self._group is None:
-            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.halo_timeout_s))
-
-    @override
-    def configure_ddp(self) -> None:
-        # no DDP wrapper: gradients are summed in optimizer_step; start from rank 0's weights
-        assert self.model is not None
-        _sync_module_states(self.model)
 
     def _pipeline_for(self, batch: Any) -> LayerPipeline:
-        if not isinstance(batch, PartitionBatch):
-            raise TypeError(
-                f"GNNPipeStrategy trains on PartitionBatch (FullGraphDataModule), got {type(batch).__name__}"
-            )
+        batch = self.partition_batch(batch)
         if self.pipeline is None:
             module = self.lightning_module
             self.pipeline = LayerPipeline(
@@ -133,7 +110,7 @@ class GNNPipeStrategy(DDPStrategy):
                 self.global_rank,
                 self.transport_factory,
                 self._group,
-                num_chunks=self.num_chunks,
+                num_chunks=self.num_chunks or CHUNKS_PER_STAGE * self.layout().stages,
                 chunking=self.chunking,
                 seed=self.seed,
                 shuffle=self.shuffle,
@@ -149,7 +126,7 @@ class GNNPipeStrategy(DDPStrategy):
         pipeline = self._pipeline_for(batch)
         module = self.lightning_module
         self._batch = batch
-        self._epoch_start = time.perf_counter()
+        self.start_epoch_clock()
         loss = pipeline.forward_phase(module.stack, batch, module.trainer.current_epoch)
         # the last stages hold the loss, summed over their nodes / all training nodes: sum over ranks
         module.log("train/loss", loss, prog_bar=True, batch_size=1, sync_dist=True, reduce_fx="sum")
@@ -170,21 +147,8 @@ class GNNPipeStrategy(DDPStrategy):
         return closure_loss
 
     @override
-    def optimizer_step(
-        self,
-        optimizer: Optimizer,
-        closure: Callable[[], Any],
-        model: LightningModule | Module | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        def closure_then_reduce() -> Any:
-            loss = closure()  # both pipeline phases: this rank's gradients in .grad
-            self._reduce(optimizer, loss)
-            return loss
-
-        return super().optimizer_step(optimizer, closure_then_reduce, model, **kwargs)
-
-    def _reduce(self, optimizer: Optimizer, loss: Any) -> None:
+    def reduce_after_backward(self, optimizer: Optimizer, loss: Any) -> None:
+        """Sum the gradients over ranks: each holds its layers' share of its partition's."""
         pipeline = self.pipeline
         assert pipeline is not None
         extra = torch.tensor(
@@ -196,9 +160,7 @@ class GNNPipeStrategy(DDPStrategy):
         )
         self._bytes_mark = pipeline.bytes_sent
         summed = reduce_gradients(optimizer, extra, self.world_size, divide_by=1)
-        self.epoch_losses.append(float(summed[0]))
-        self.epoch_bytes.append(int(summed[1]))
-        self.epoch_times.append(time.perf_counter() - self._epoch_start)
+        self.record_epoch(float(summed[0]), int(summed[1]))
 
     def evaluate(self, batch: Any, splits: tuple[str, ...]) -> None:
         """Score ``splits`` ('val', 'test') of the partition with one exact pipelined forward."""
@@ -224,9 +186,9 @@ class GNNPipeStrategy(DDPStrategy):
         """For the recipe's RESULT line: mean activation and halo bytes per training epoch (all
         ranks), the share of historical rows read that were from an earlier epoch, and rank 0's
         wait for transfers."""
-        if not self.epoch_bytes:
+        mean_bytes = self.mean_epoch_bytes()
+        if mean_bytes is None:
             return ""
-        mean_bytes = sum(self.epoch_bytes) / len(self.epoch_bytes)
         stale = self.staleness
         wait = self.transfer_wait_s + (self.pipeline.wait_s if self.pipeline is not None else 0.0)
         return (
@@ -246,7 +208,6 @@ class GNNPipeStrategy(DDPStrategy):
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state["pipeline"] = None
-        state["_group"] = None
         state["_batch"] = None
         return state
 

@@ -22,15 +22,15 @@ class PipelineLayout:
     def __post_init__(self) -> None:
         if self.stages < 1:
             raise ValueError(f"the pipeline needs at least one stage, got stages={self.stages}")
-        if self.world_size % self.stages:
-            raise ValueError(
-                f"{self.world_size} ranks cannot form pipelines of {self.stages} stages "
-                "(world size must be a multiple of stages)"
-            )
         if self.stages > self.num_convs:
             raise ValueError(
                 f"{self.stages} pipeline stages for a model of {self.num_convs} graph convolutions: "
                 "every stage needs at least one layer (use fewer stages or a deeper model)"
+            )
+        if self.world_size % self.stages:
+            raise ValueError(
+                f"{self.world_size} ranks cannot form pipelines of {self.stages} stages "
+                "(world size must be a multiple of stages)"
             )
 
     @property

@@ -4,28 +4,17 @@ PipeGCN (halo one epoch stale) and PipeQS (stale and adaptively quantised)."""
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from lightning.fabric.strategies import _StrategyRegistry
-from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.overrides.distributed import _sync_module_states
-from lightning.pytorch.strategies import DDPStrategy
-from torch.nn import Module
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_mqgnn.fullgraph.adaptive import AdaptiveRule
-from lightning_mqgnn.fullgraph.batch import PartitionBatch
 from lightning_mqgnn.fullgraph.halo import HaloExchanger
 from lightning_mqgnn.fullgraph.reduce import reduce_gradients
-from lightning_mqgnn.fullgraph.transport import Transport
-
-TransportFactory = Callable[[int, int, Any], Transport]
+from lightning_mqgnn.fullgraph.strategy_base import FullGraphStrategyBase, TransportFactory
 
 VARIANTS = {
     "graph_parallel": dict(mode="sync", quantize=False),
@@ -34,12 +23,12 @@ VARIANTS = {
 }
 
 
-class FullGraphStrategy(DDPStrategy):
+class FullGraphStrategy(FullGraphStrategyBase):
     """Each rank trains the whole model on its graph partition (a ``PartitionBatch`` per epoch)
     and exchanges halo rows every layer through a ``HaloExchanger``; weight gradients are
     averaged over ranks after the backward, as DDP does, in one flat all-reduce that also carries
     the exchanger's drift measurements and the loss, so every rank applies the adaptive rule to
-    the same numbers. The model is not wrapped in ``DistributedDataParallel``.
+    the same numbers (``FullGraphStrategyBase``: no ``DistributedDataParallel`` wrapper).
 
     Args:
         mode: "sync" (graph-parallel) or "stale" (halo one epoch old, PipeGCN).
@@ -69,48 +58,24 @@ class FullGraphStrategy(DDPStrategy):
             raise ValueError(f"FullGraphStrategy: mode must be 'sync' or 'stale', got {mode!r}")
         if quantize and mode != "stale":
             raise ValueError("FullGraphStrategy: quantize needs mode='stale' (PipeQS)")
-        super().__init__(**kwargs)
+        super().__init__(halo_timeout_s, transport, seed, **kwargs)
         self.mode = mode
         self.quantize = quantize
         self.rule = AdaptiveRule(**rule) if isinstance(rule, dict) else (rule or AdaptiveRule())
-        self.halo_timeout_s = float(halo_timeout_s)
-        self.transport_factory = transport or Transport
-        self.seed = seed
         self.smoothing = smoothing
         self.exchanger: HaloExchanger | None = None
-        self._halo_group: Any = None
         self._best_loss = math.inf
-        self._bytes_mark = 0  # exchanger bytes counted up to the last epoch
-        self.epoch_bytes: list[int] = []  # all ranks together, per training epoch
-        self.epoch_losses: list[float] = []
-        self.epoch_times: list[float] = []
         self.halo_wait_s = 0.0  # the training thread's waits for exchanges, of closed exchangers
-        self._epoch_start = 0.0
-
-    @override
-    def setup(self, trainer: Trainer) -> None:
-        super().setup(trainer)
-        if self.world_size > 1 and self._halo_group is None:
-            self._halo_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.halo_timeout_s))
-
-    @override
-    def configure_ddp(self) -> None:
-        # no DDP wrapper: gradients are averaged in optimizer_step; start from rank 0's weights
-        assert self.model is not None
-        _sync_module_states(self.model)
 
     def _exchanger_for(self, batch: Any) -> HaloExchanger:
-        if not isinstance(batch, PartitionBatch):
-            raise TypeError(
-                f"{type(self).__name__} trains on PartitionBatch (FullGraphDataModule), got {type(batch).__name__}"
-            )
+        batch = self.partition_batch(batch)
         if self.exchanger is None:
             part = batch.partition
             if part.num_parts != self.world_size:
                 raise ValueError(
                     f"partition has {part.num_parts} parts but the run has {self.world_size} ranks"
                 )
-            transport = self.transport_factory(self.global_rank, self.world_size, self._halo_group)
+            transport = self.transport_factory(self.global_rank, self.world_size, self._group)
             self.exchanger = HaloExchanger(
                 part,
                 transport,
@@ -128,7 +93,7 @@ class FullGraphStrategy(DDPStrategy):
         exchanger = self._exchanger_for(batch)
         assert self.lightning_module is not None
         exchanger.begin_epoch(self.lightning_module.trainer.current_epoch)
-        self._epoch_start = time.perf_counter()
+        self.start_epoch_clock()
         batch.halo = exchanger.with_halo
         return super().training_step(*args, **kwargs)
 
@@ -143,21 +108,7 @@ class FullGraphStrategy(DDPStrategy):
         return super().test_step(*args, **kwargs)
 
     @override
-    def optimizer_step(
-        self,
-        optimizer: Optimizer,
-        closure: Callable[[], Any],
-        model: LightningModule | Module | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        def closure_then_average() -> Any:
-            loss = closure()  # forward + backward with halo exchanges: local gradients in .grad
-            self._average(optimizer, loss)
-            return loss
-
-        return super().optimizer_step(optimizer, closure_then_average, model, **kwargs)
-
-    def _average(self, optimizer: Optimizer, loss: Any) -> None:
+    def reduce_after_backward(self, optimizer: Optimizer, loss: Any) -> None:
         """One all-reduce of [gradients ; exchanger signals ; loss ; bytes]: gradients averaged,
         signals and bytes summed, then the adaptive rule advances."""
         ex = self.exchanger
@@ -177,9 +128,7 @@ class FullGraphStrategy(DDPStrategy):
         self._bytes_mark = ex.bytes_sent
         flat = reduce_gradients(optimizer, extra, self.world_size, divide_by=self.world_size)
         loss_mean = float(flat[-2]) / self.world_size
-        self.epoch_losses.append(loss_mean)
-        self.epoch_bytes.append(int(flat[-1]))
-        self.epoch_times.append(time.perf_counter() - self._epoch_start)
+        self.record_epoch(loss_mean, int(flat[-1]))
         first_loss = self.epoch_losses[0]
         ex.end_epoch(flat[:-2].cpu(), loss_mean, self._best_loss, first_loss)
         if math.isfinite(loss_mean):
@@ -188,9 +137,9 @@ class FullGraphStrategy(DDPStrategy):
     def result_fields(self) -> str:
         """Communication figures for the recipe's RESULT line: mean halo bytes per training epoch
         (all ranks), the training thread's total wait for exchanges on rank 0."""
-        if not self.epoch_bytes:
+        mean_bytes = self.mean_epoch_bytes()
+        if mean_bytes is None:
             return ""
-        mean_bytes = sum(self.epoch_bytes) / len(self.epoch_bytes)
         wait = self.halo_wait_s + (self.exchanger.wait_s if self.exchanger is not None else 0.0)
         return f" comm_bytes={mean_bytes:.0f} halo_wait_s={wait:.2f}"
 
@@ -205,7 +154,6 @@ class FullGraphStrategy(DDPStrategy):
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state["exchanger"] = None
-        state["_halo_group"] = None
         return state
 
     @classmethod

@@ -73,21 +73,28 @@ def simulated_link(latency_s: float, bandwidth_bytes_s: float):
     return SimulatedLinkTransport
 
 
+def ring_allreduce_s(numel: int, world: int, latency_s: float, bandwidth_bytes_s: float) -> float:
+    """A ring all-reduce of a float64 bucket on the simulated link: 2 (P-1) steps of 1/P of it."""
+    return 2 * (world - 1) * (latency_s + numel * 8 / world / bandwidth_bytes_s) if world > 1 else 0.0
+
+
+def on_simulated_link(strategy_cls, latency_s: float, bandwidth_bytes_s: float):
+    """``strategy_cls`` (a full-graph strategy) with the simulated link's all-reduce time slept
+    before its gradient all-reduce."""
+
+    class SimulatedLinkStrategy(strategy_cls):
+        def reduce_after_backward(self, optimizer, loss):
+            numel = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
+            time.sleep(ring_allreduce_s(numel, self.world_size, latency_s, bandwidth_bytes_s))
+            super().reduce_after_backward(optimizer, loss)
+
+    return SimulatedLinkStrategy
+
+
 def make_strategy(mode: str, latency_s: float, bandwidth_bytes_s: float, seed: int, smoothing: float = 0.0):
     from lightning_mqgnn.fullgraph import FullGraphStrategy
 
-    class SimulatedLinkStrategy(FullGraphStrategy):
-        """Adds a ring all-reduce's time on the simulated link before the gradient all-reduce."""
-
-        def _average(self, optimizer, loss):
-            numel = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
-            world = self.world_size
-            if world > 1:
-                steps = 2 * (world - 1)
-                time.sleep(steps * (latency_s + numel * 8 / world / bandwidth_bytes_s))  # float64 bucket
-            super()._average(optimizer, loss)
-
-    return SimulatedLinkStrategy(
+    return on_simulated_link(FullGraphStrategy, latency_s, bandwidth_bytes_s)(
         transport=simulated_link(latency_s, bandwidth_bytes_s),
         seed=seed,
         start_method="fork",
@@ -97,7 +104,8 @@ def make_strategy(mode: str, latency_s: float, bandwidth_bytes_s: float, seed: i
 
 
 class Recorder(pl.Callback):
-    """Rank 0 writes the strategy's per-epoch figures and the (val, test) of each validation."""
+    """Rank 0 writes the strategy's per-epoch figures (``figures``) and the (val, test) of each
+    validation."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -109,24 +117,56 @@ class Recorder(pl.Callback):
             self.scores.append((trainer.current_epoch, float(m["val/metric"]), float(m["test/metric"])))
 
     def on_train_end(self, trainer, pl_module):
-        if trainer.global_rank != 0:
-            return
-        s = trainer.strategy
-        policies = {
-            f"{k[0]}:{k[1]}": [h[0] for h in ch.controller.history] for k, ch in s.exchanger.channels.items()
+        if trainer.global_rank == 0:
+            self.path.write_text(json.dumps(self.figures(trainer.strategy)))
+
+    def figures(self, s) -> dict[str, Any]:
+        figures = {
+            "losses": s.epoch_losses,
+            "bytes": s.epoch_bytes,
+            "times": s.epoch_times,
+            "scores": self.scores,
         }
-        self.path.write_text(
-            json.dumps(
-                {
-                    "losses": s.epoch_losses,
-                    "bytes": s.epoch_bytes,
-                    "times": s.epoch_times,
-                    "scores": self.scores,
-                    "bits": policies,
-                    "halo_rows": s.exchanger.part.num_halo,
-                }
-            )
-        )
+        if getattr(s, "exchanger", None) is not None:  # the halo exchange's bit widths and size
+            figures["bits"] = {
+                f"{k[0]}:{k[1]}": [h[0] for h in ch.controller.history]
+                for k, ch in s.exchanger.channels.items()
+            }
+            figures["halo_rows"] = s.exchanger.part.num_halo
+        return figures
+
+
+def summarise(result: dict[str, Any]) -> dict[str, Any]:
+    """A run's recorded figures plus its median epoch time (epoch 3 on), mean bytes per epoch
+    (epoch 2 on) and the (epoch, val, test) of its best validation."""
+    times = result["times"][2:] or result["times"]
+    scores = result["scores"] or [(None, float("nan"), float("nan"))]
+    best = max(scores, key=lambda s: s[1])
+    result.update(
+        epoch_ms=1e3 * statistics.median(times),
+        bytes_per_epoch=statistics.mean(result["bytes"][1:] or result["bytes"]),
+        best_epoch=best[0],
+        val=best[1],
+        test=best[2],
+    )
+    return result
+
+
+def quiet_trainer(world: int, strategy, args, callbacks) -> pl.Trainer:
+    """The benchmarks' Trainer: CPU ranks, ``args.epochs``, validation every ``args.val_every``."""
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy=strategy,
+        max_epochs=args.epochs,
+        check_val_every_n_epoch=args.val_every,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
 
 
 def scoring_module(conv: str, hidden: int, layers: int, dropout: float, lr: float, dataset):
@@ -162,36 +202,13 @@ def run(args, dataset, mode: str, workdir: Path) -> dict[str, Any]:
     pl.seed_everything(args.seed, verbose=False)
     module = scoring_module(args.model, args.hidden, args.layers, args.dropout, args.lr, dataset)
     out = workdir / f"{dataset.name}_{mode}.json"
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=args.world,
-        strategy=make_strategy(
-            mode, args.latency_ms / 1e3, args.bandwidth_gbit * 1e9 / 8, args.seed, args.smoothing
-        ),
-        max_epochs=args.epochs,
-        check_val_every_n_epoch=args.val_every,
-        callbacks=[Recorder(out)],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
+    strategy = make_strategy(
+        mode, args.latency_ms / 1e3, args.bandwidth_gbit * 1e9 / 8, args.seed, args.smoothing
     )
+    trainer = quiet_trainer(args.world, strategy, args, [Recorder(out)])
     book = workdir / f"{dataset.name}_{args.world}.book"
     trainer.fit(module, datamodule=FullGraphDataModule(dataset, module.aggregation, book_path=str(book)))
-    result = json.loads(out.read_text())
-    times = result["times"][2:] or result["times"]
-    best = (
-        max(result["scores"], key=lambda s: s[1]) if result["scores"] else (None, float("nan"), float("nan"))
-    )
-    result.update(
-        epoch_ms=1e3 * statistics.median(times),
-        bytes_per_epoch=statistics.mean(result["bytes"][1:] or result["bytes"]),
-        best_epoch=best[0],
-        val=best[1],
-        test=best[2],
-    )
-    return result
+    return summarise(json.loads(out.read_text()))
 
 
 def plot(results: dict[str, dict[str, dict]], path: Path) -> None:

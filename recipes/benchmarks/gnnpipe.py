@@ -7,7 +7,9 @@ rank sends costs ``latency + bytes / bandwidth`` of sleep on its sending thread,
 all-reduce a ring all-reduce's time. Per run it reports the median training-epoch time (epoch 3
 on; validation excluded), the bytes each mode sends per epoch (halo rows, or stage activations
 and gradients; all ranks), every rank's peak memory growth during training (resident set size over
-its size at training start: activations, histories, messages, optimizer state), the test metric
+its size at training start: activations, histories, messages, optimizer state; allocations over
+1 MiB get their own mmap, so freed tensors leave the resident set and the peak is one of live
+memory rather than of the allocator's cache, at some cost in epoch time), the test metric
 at the best validation epoch, and for GNNPipe the share of history rows read that were a whole
 epoch old. It writes a markdown table (``--out``) and a bytes-vs-depth PNG (``--plot``). A
 measurement, not a test: nothing here asserts targets.
@@ -21,9 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,15 @@ import lightning.pytorch as pl
 import torch
 
 from benchmarks._report import machine_header, write_report
-from benchmarks.fullgraph import load_dataset, simulated_link
+from benchmarks.fullgraph import (
+    Recorder,
+    load_dataset,
+    on_simulated_link,
+    quiet_trainer,
+    scoring_module,
+    simulated_link,
+    summarise,
+)
 
 MODES = ("single", "graph_parallel", "gnnpipe", "hybrid")
 
@@ -50,39 +58,22 @@ def mmap_large_allocations(threshold: int = 1 << 20) -> bool:
     return bool(ctypes.CDLL(name).mallopt(m_mmap_threshold, threshold))
 
 
-def ring_allreduce_s(numel: int, world: int, latency_s: float, bandwidth_bytes_s: float) -> float:
-    """A ring all-reduce of a float64 bucket on the simulated link: 2 (P-1) steps of 1/P of it."""
-    return 2 * (world - 1) * (latency_s + numel * 8 / world / bandwidth_bytes_s) if world > 1 else 0.0
-
-
 def make_strategy(mode: str, args) -> Any:
-    """The mode's strategy with the simulated link (the single process runs on one device)."""
+    """The mode's strategy on the simulated link (the single process runs on one device)."""
     from lightning_mqgnn.fullgraph import FullGraphStrategy, GNNPipeStrategy
 
     latency, bandwidth = args.latency_ms / 1e3, args.bandwidth_gbit * 1e9 / 8
     link = simulated_link(latency, bandwidth)
-
-    def params(optimizer) -> int:
-        return sum(p.numel() for g in optimizer.param_groups for p in g["params"])
-
-    class GraphParallel(FullGraphStrategy):
-        def _average(self, optimizer, loss):
-            time.sleep(ring_allreduce_s(params(optimizer), self.world_size, latency, bandwidth))
-            super()._average(optimizer, loss)
-
-    class Pipelined(GNNPipeStrategy):
-        def _reduce(self, optimizer, loss):
-            time.sleep(ring_allreduce_s(params(optimizer), self.world_size, latency, bandwidth))
-            super()._reduce(optimizer, loss)
-
-        def validation_step(self, *a, **k):
-            self.evaluate(a[0], ("val", "test"))
-
     if mode in ("single", "graph_parallel"):
-        return GraphParallel(mode="sync", transport=link, seed=args.seed, start_method="fork")
-    stages = args.world if mode == "gnnpipe" else args.world // 2
+        strategy = on_simulated_link(FullGraphStrategy, latency, bandwidth)
+        return strategy(mode="sync", transport=link, seed=args.seed, start_method="fork")
+
+    class Pipelined(on_simulated_link(GNNPipeStrategy, latency, bandwidth)):
+        def validation_step(self, *a, **k):
+            self.evaluate(a[0], ("val", "test"))  # both splits from one forward
+
     return Pipelined(
-        stages=stages,
+        stages=args.world if mode == "gnnpipe" else args.world // 2,
         num_chunks=args.chunks,
         transport=link,
         seed=args.seed,
@@ -91,43 +82,25 @@ def make_strategy(mode: str, args) -> Any:
     )
 
 
-class Recorder(pl.Callback):
-    """Rank 0 writes the strategy's per-epoch figures, every rank's peak memory and the (val, test)
-    of each validation. After ``PeakMemoryMonitor`` in the callback list (it gathers first)."""
+class MemoryRecorder(Recorder):
+    """``Recorder`` plus every rank's training memory and GNNPipe's stale reads. After
+    ``PeakMemoryMonitor`` in the callback list (it gathers first)."""
 
     def __init__(self, path: Path, memory):
-        self.path = path
+        super().__init__(path)
         self.memory = memory
-        self.scores: list[tuple[int, float, float]] = []
 
-    def on_validation_epoch_end(self, trainer, pl_module):
-        m = trainer.callback_metrics
-        if "val/metric" in m and "test/metric" in m:
-            self.scores.append((trainer.current_epoch, float(m["val/metric"]), float(m["test/metric"])))
-
-    def on_train_end(self, trainer, pl_module):
-        if trainer.global_rank != 0:
-            return
-        s = trainer.strategy
+    def figures(self, s) -> dict[str, Any]:
         stale = getattr(s, "staleness", None)
-        self.path.write_text(
-            json.dumps(
-                {
-                    "losses": s.epoch_losses,
-                    "bytes": s.epoch_bytes,
-                    "times": s.epoch_times,
-                    "scores": self.scores,
-                    "train_rss_mb": self.memory.train_rss_mb,
-                    "peak_rss_mb": self.memory.peak_rss_mb,
-                    "stale_fraction": stale.stale_fraction if stale is not None else None,
-                }
-            )
-        )
+        return {
+            **super().figures(s),
+            "train_rss_mb": self.memory.train_rss_mb,
+            "peak_rss_mb": self.memory.peak_rss_mb,
+            "stale_fraction": stale.stale_fraction if stale is not None else None,
+        }
 
 
 def run(args, dataset, mode: str, depth: int, workdir: Path) -> dict[str, Any]:
-    from benchmarks.fullgraph import scoring_module
-
     from lightning_mqgnn.callbacks import PeakMemoryMonitor
     from lightning_mqgnn.fullgraph import FullGraphDataModule
 
@@ -136,34 +109,12 @@ def run(args, dataset, mode: str, depth: int, workdir: Path) -> dict[str, Any]:
     out = workdir / f"{dataset.name}_{mode}_{depth}.json"
     memory = PeakMemoryMonitor()
     world = 1 if mode == "single" else args.world
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=world,
-        strategy=make_strategy(mode, args),
-        max_epochs=args.epochs,
-        check_val_every_n_epoch=args.val_every,
-        callbacks=[memory, Recorder(out, memory)],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = quiet_trainer(world, make_strategy(mode, args), args, [memory, MemoryRecorder(out, memory)])
     parts = world // 2 if mode == "hybrid" else (1 if mode == "gnnpipe" else world)
     book = workdir / f"{dataset.name}_{parts}.book"
     trainer.fit(module, datamodule=FullGraphDataModule(dataset, module.aggregation, book_path=str(book)))
-    result = json.loads(out.read_text())
-    times = result["times"][2:] or result["times"]
-    scores = result["scores"] or [(None, float("nan"), float("nan"))]
-    best = max(scores, key=lambda s: s[1])
-    result.update(
-        epoch_ms=1e3 * statistics.median(times),
-        bytes_per_epoch=statistics.mean(result["bytes"][1:] or result["bytes"]),
-        best_epoch=best[0],
-        val=best[1],
-        test=best[2],
-        train_mb=max(result["train_rss_mb"]),
-    )
+    result = summarise(json.loads(out.read_text()))
+    result["train_mb"] = max(result["train_rss_mb"])
     return result
 
 
@@ -197,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=60)
     p.add_argument("--val-every", type=int, default=5)
     p.add_argument("--world", type=int, default=4)
-    p.add_argument("--chunks", type=int, default=8, help="GNNPipe chunks per partition")
+    p.add_argument(
+        "--chunks", type=int, default=None, help="GNNPipe chunks per partition (default 4 per stage)"
+    )
     p.add_argument("--history-grad-scale", type=float, default=1.0)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--dropout", type=float, default=0.5)
@@ -257,11 +210,12 @@ def main(argv: list[str] | None = None) -> int:
                         f"{delta:+.2f} | {stale} |"
                     )
     header = machine_header("gnnpipe", argv)
+    chunks = f"{args.chunks} METIS chunks per partition" if args.chunks else "4 METIS chunks per stage"
     header.append(
         f"- {args.world} gloo ranks (single: 1), GCNII {args.hidden} wide, dropout {args.dropout}, Adam lr "
         f"{args.lr}, {args.epochs} epochs, seed {args.seed}; graph-parallel on METIS partitions; GNNPipe "
-        f"{args.world} stages, hybrid 2 partitions x {args.world // 2} stages, {args.chunks} METIS chunks per "
-        f"partition, history gradient scale {args.history_grad_scale}; SIMULATED link {args.latency_ms} ms + "
+        f"{args.world} stages, hybrid 2 partitions x {args.world // 2} stages, {chunks}, history gradient "
+        f"scale {args.history_grad_scale}; SIMULATED link {args.latency_ms} ms + "
         f"{args.bandwidth_gbit} Gbit/s per message; epoch time: median from epoch 3, validation excluded; "
         "training memory: peak resident set growth over training start"
         + (", allocations over 1 MiB mmapped (freed memory leaves the resident set)" if exact_peaks else "")

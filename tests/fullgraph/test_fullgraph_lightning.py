@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import helpers.fullgraph_ranks as ranks
-import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -15,18 +14,7 @@ pytestmark = pytest.mark.distributed
 def _fit(strategy: FullGraphStrategy, conv: str, epochs: int, **trainer_kwargs):
     ds = ranks.small_dataset()
     model = ranks.make_model(conv, ds.num_features, ds.num_classes)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=ranks.WORLD,
-        strategy=strategy,
-        max_epochs=epochs,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        **trainer_kwargs,
-    )
+    trainer = ranks.quiet_trainer(strategy, epochs, **trainer_kwargs)
     datamodule = FullGraphDataModule(ds, aggregation=model.aggregation)
     trainer.fit(model, datamodule=datamodule)
     return model, trainer, datamodule

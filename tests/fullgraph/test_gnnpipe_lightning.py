@@ -53,19 +53,7 @@ def reports(directory) -> list[dict]:
 def fit(strategy, epochs: int, tmp_path, dropout: float = 0.0, **trainer_kwargs):
     ds = ranks.small_dataset()
     model = gcnii(ds, dropout)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=ranks.WORLD,
-        strategy=strategy,
-        max_epochs=epochs,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        callbacks=[Report(tmp_path)],
-        **trainer_kwargs,
-    )
+    trainer = ranks.quiet_trainer(strategy, epochs, callbacks=[Report(tmp_path)], **trainer_kwargs)
     trainer.fit(model, datamodule=FullGraphDataModule(ds, aggregation=model.aggregation))
     return model, reports(tmp_path)
 

@@ -28,6 +28,25 @@ def small_dataset():
     return generate_graph("arxiv", num_nodes=240, mean_degree=6.0, num_features=12, num_classes=4, seed=3)
 
 
+def quiet_trainer(strategy, epochs: int, **kwargs):
+    """A Lightning Trainer on ``WORLD`` CPU ranks without logger, checkpoints, bars or sanity
+    validation: the full-graph tests' fits."""
+    import lightning.pytorch as pl
+
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=WORLD,
+        strategy=strategy,
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        **kwargs,
+    )
+
+
 def make_model(conv: str, in_dim: int, num_classes: int) -> FullGraphNodeClassifier:
     torch.manual_seed(0)
     return FullGraphNodeClassifier(

@@ -138,3 +138,34 @@ def test_full_graph_strategy_trains_on_partitions(tmp_path):
 def test_full_graph_model_with_a_sampled_loader_is_one_error_line(tmp_path):
     proc = run_recipe(tmp_path, "strategy=graph_parallel", "loader=sequential", "data.scale=0.01")
     assert_one_error_line(proc, "do not fit", "strategy=graph_parallel")
+
+
+@pytest.mark.slow  # two rank processes each import the stack; the strategy itself is tested on forked ranks
+@pytest.mark.distributed
+def test_gnnpipe_recipe_reports_bytes_staleness_and_memory(tmp_path):
+    """strategy=gnnpipe with a deep GCNII on 2 ranks (2 stages): the RESULT line carries the bytes
+    per epoch, the share of stale history reads and every rank's peak memory."""
+    proc = run_recipe(
+        tmp_path,
+        "strategy=gnnpipe",
+        "model=gcnii_8",
+        "data.scale=0.01",
+        "strategy.num_chunks=4",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.max_epochs=3",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = result_fields(proc.stdout)
+    assert int(result["batches"]) == 3
+    assert int(result["comm_bytes"]) > 0
+    assert 0.0 < float(result["stale_reads"]) < 1.0
+    assert result["max_staleness"] == "1"
+    assert len(result["peak_rss_mb"].split("/")) == 2
+    assert 0.0 <= float(result["test"]) <= 1.0
+
+
+def test_impossible_pipeline_layout_is_one_error_line(tmp_path):
+    """More stages than the model has convolutions: one error line naming both numbers."""
+    proc = run_recipe(tmp_path, "strategy=gnnpipe", "model=gcnii_8", "strategy.stages=9", "data.scale=0.01")
+    assert_one_error_line(proc, "9 pipeline stages", "8 graph convolutions")
