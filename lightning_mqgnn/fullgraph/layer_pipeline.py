@@ -6,15 +6,15 @@ Schedule (one optimizer step per epoch, so weights are never stale): all chunks 
 order shared by every rank, then all chunks backward in the reverse order (GPipe's
 all-forward-then-all-backward). A chunk's convolution aggregates rows of other chunks: they come
 from this stage's history of the layer's input (``history[l]``: the rows some chunk or peer reads,
-``chunks.history_slots``), written as each chunk passes, so rows of chunks earlier in this epoch's order are fresh and the others are one
-epoch old. Gradients with respect to those rows are scattered into ``grad_history[l]`` and added
-to the rows' gradients when their chunk is backpropagated later in the same backward pass; the
-ones that arrive after their chunk was done are dropped. The chunk order is shuffled every epoch
-(same seed on every rank) so that no chunk always reads stale rows and no dependency always loses
-its gradient: each cross-chunk dependency is fresh, and its gradient kept, with probability about
-one half. ``history_grad_scale`` = 2 compensates that in expectation (GNNPipe's correction); the
-default 1 keeps the gradients as they are, which trained better in our runs (the doubled
-gradients of the fresh half add variance).
+``chunks.history_slots``), written as each chunk passes, so rows of chunks earlier in this
+epoch's order are fresh and the others are one epoch old. Gradients with respect to those rows are scattered into ``grad_history[l]`` and added
+to the rows' gradients when their chunk is backpropagated; a gradient that arrives after its chunk
+was backpropagated (the dependency read a stale row) stays in the buffer and is added in the next
+epoch's backward, one epoch late, as PipeGCN applies stale halo gradients. GNNPipe drops those
+instead and doubles the rest; delivering every gradient keeps the cross-chunk terms' full mass
+without the doubled variance. The chunk order is shuffled every epoch (same seed on every rank) so
+that no chunk always reads stale rows and no dependency's gradient is always late: each
+cross-chunk dependency is fresh with probability about one half.
 
 With ``recompute`` the forward keeps only each chunk's input rows and reruns the chunk, with the
 same dropout masks, in the backward (activation recomputation): activation memory is one chunk's
@@ -99,11 +99,11 @@ class LayerPipeline:
         seed: int = 0,
         shuffle: bool = True,
         recompute: bool = True,
-        history_grad_scale: float = 1.0,
         staleness: Staleness | None = None,
+        smoothing: float = 0.8,
     ):
-        if history_grad_scale <= 0:
-            raise ValueError(f"history_grad_scale must be > 0, got {history_grad_scale}")
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
         part = batch.partition
         if part.num_parts != layout.ways:
             raise ValueError(f"partition has {part.num_parts} parts but the layout has {layout.ways} ways")
@@ -115,7 +115,7 @@ class LayerPipeline:
         self.widths = widths
         self.num_inner = part.num_inner
         self.seed, self.shuffle, self.recompute = seed, shuffle, recompute
-        self.history_grad_scale = history_grad_scale
+        self.smoothing = smoothing
         self.chunks = chunk_partition(part, num_chunks, chunking, seed)
         send_all = torch.cat(part.send_idx) if part.send_idx else torch.empty(0, dtype=torch.int64)
         halo_rows = torch.arange(part.num_inner, part.block.num_src)
@@ -136,6 +136,7 @@ class LayerPipeline:
         # per history layer, one row per kept row (``self.kept``): values, the epoch each was
         # written in, and the gradients other chunks (or peers) sent back for it
         self.history: dict[int, Tensor] = {}
+        self.smoothed: dict[int, Tensor] = {}  # exponential average of the rows' values per epoch
         self.written: dict[int, Tensor] = {}
         self.grad_history: dict[int, Tensor] = {}
         self.staleness = staleness if staleness is not None else Staleness()
@@ -150,6 +151,8 @@ class LayerPipeline:
         self._grads_pending: Future | None = None
         self._device = torch.device("cpu")
         self._allocated = False
+        self._input_keep: Tensor | None = None
+        self._input_scale = 1.0
         self._warm = False
         self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="gnnpipe")
 
@@ -174,6 +177,7 @@ class LayerPipeline:
             self._warm_up(stack, batch)
             self._warm = True
         self._finish_halo_refresh()
+        self._draw_input_mask(stack, batch)
         self._order = self.chunk_order(epoch)
         self._runs = []
         total = torch.zeros((), device=self._device)
@@ -207,10 +211,9 @@ class LayerPipeline:
         return total
 
     def backward_phase(self, stack: Stack, batch: PartitionBatch) -> None:
-        """Every chunk backward in the reverse order; parameter gradients accumulate in ``.grad``."""
-        for layer in self.history_layers():
-            g = self.grad_history[layer]
-            g.zero_()
+        """Every chunk backward in the reverse order; parameter gradients accumulate in ``.grad``.
+        ``grad_history`` holds the gradients that arrived too late last epoch (and, in the hybrid,
+        those peers returned for the halo rows they read); each chunk's hook takes its rows'."""
         self._add_remote_grads()
         for run in reversed(self._runs):
             chunk = self.chunks[run.chunk]
@@ -232,7 +235,7 @@ class LayerPipeline:
             slots = self.slots[run.chunk]
             for layer, ext in run.ext.items():
                 if ext.grad is not None:
-                    self.grad_history[layer].index_add_(0, slots.ext_slots, ext.grad * self._ext_scale(chunk))
+                    self.grad_history[layer].index_add_(0, slots.ext_slots, ext.grad)
             if not self.first:
                 assert run.x_in is not None and run.x_in.grad is not None
                 self._send(BACKWARD, self.stage - 1, run.x_in.grad)
@@ -264,6 +267,8 @@ class LayerPipeline:
                 if training:
                     self.history[layer].copy_(src[self.kept])
                     self.written[layer].fill_(self.epoch)
+                    if layer in self.smoothed:
+                        self.smoothed[layer].copy_(self.history[layer])
             h = stack.conv(layer, block, src, h0)
         if self.last:
             return stack.head(h)
@@ -282,17 +287,18 @@ class LayerPipeline:
         chunk, slots = self.chunks[run.chunk], self.slots[run.chunk]
         block, n = chunk.block, chunk.num_rows
         if self.first:
-            src = stack.embed(batch.features[chunk.source_rows()])  # exact: no history for layer 0
+            src = stack.embed_dropped(
+                self._inputs(batch, chunk.source_rows())
+            )  # exact: no history for layer 0
             h0, h = src[:n], src[:n]
         else:
-            h0, h = stack.embed(batch.features[chunk.rows]), run.x_in
+            h0, h = stack.embed_dropped(self._inputs(batch, chunk.rows)), run.x_in
         for layer in self.layers:
             if layer > 0:
                 if record:
-                    self.history[layer][slots.write_slots] = h.detach()[slots.write_pos]
-                    self.written[layer][slots.write_slots] = self.epoch
+                    self._write(layer, slots.write_slots, h.detach()[slots.write_pos])
                     self._count_reads(layer, slots)
-                ext = self.history[layer][slots.ext_slots]
+                ext = self._read(layer, slots.ext_slots)
                 if torch.is_grad_enabled():  # a leaf whose gradient goes to grad_history
                     run.ext[layer] = ext.requires_grad_(True)
                 if h.requires_grad and slots.write_pos.numel():
@@ -301,6 +307,26 @@ class LayerPipeline:
             h = stack.conv(layer, block, src, h0)
         return h
 
+    def _draw_input_mask(self, stack: Stack, batch: PartitionBatch) -> None:
+        """This epoch's input dropout mask over every local row, from a generator seeded by (seed,
+        epoch): the same on every stage, so the stages' H0 of a node agree (as a single process's
+        one H0 does) and the recomputed forward sees the same mask."""
+        p = stack.input_dropout if stack.training else 0.0
+        if p <= 0.0:
+            self._input_keep = None
+            return
+        gen = torch.Generator(device=self._device).manual_seed(self.seed * 1_000_003 + self.epoch + 1)
+        shape = batch.features.shape
+        self._input_keep = torch.rand(shape, generator=gen, device=self._device) >= p
+        self._input_scale = 1.0 / (1.0 - p)
+
+    def _inputs(self, batch: PartitionBatch, rows: Tensor) -> Tensor:
+        """Input feature rows, dropped out with this epoch's mask."""
+        x = batch.features[rows]
+        if self._input_keep is None:
+            return x
+        return x * self._input_keep[rows] * self._input_scale
+
     def _chunk_loss(self, stack: Stack, batch: PartitionBatch, chunk: Chunk, out: Tensor) -> Tensor:
         mask = batch.train_mask[chunk.rows]
         logits = stack.head(out[mask])
@@ -308,12 +334,20 @@ class LayerPipeline:
         labels = batch.labels[chunk.rows][mask]
         return node_loss(logits, labels, multilabel, "sum") / batch.num_train_global
 
-    def _ext_scale(self, chunk: Chunk) -> Tensor:
-        """Per ext row: ``history_grad_scale`` for rows of other chunks (whose gradient arrives
-        in time about half the time), 1 for halo rows (their gradients are all returned)."""
-        scale = torch.ones(chunk.ext.numel(), 1, device=self._device)
-        scale[chunk.ext < self.num_inner] = self.history_grad_scale
-        return scale
+    def _write(self, layer: int, where: Tensor, rows: Tensor, epoch: int | None = None) -> None:
+        """Record ``rows`` (values of ``epoch``, default this one) in the history and its average."""
+        self.history[layer][where] = rows
+        self.written[layer][where] = self.epoch if epoch is None else epoch
+        if layer in self.smoothed:
+            self.smoothed[layer][where] = torch.lerp(rows, self.smoothed[layer][where], self.smoothing)
+
+    def _read(self, layer: int, where: Tensor) -> Tensor:
+        """History rows: this epoch's value where already written, else (stale) the average."""
+        rows = self.history[layer][where]
+        if layer not in self.smoothed:
+            return rows
+        fresh = (self.written[layer][where] == self.epoch).unsqueeze(1)
+        return torch.where(fresh, rows, self.smoothed[layer][where])
 
     def _count_reads(self, layer: int, slots: HistorySlots) -> None:
         if not slots.ext_slots.numel():
@@ -341,6 +375,8 @@ class LayerPipeline:
             self.history[layer] = torch.zeros(rows, width, device=device)
             self.written[layer] = torch.full((rows,), -1, dtype=torch.int64, device=device)
             self.grad_history[layer] = torch.zeros(rows, width, device=device)
+            if self.smoothing > 0:
+                self.smoothed[layer] = torch.zeros(rows, width, device=device)
 
     def _warm_up(self, stack: Stack, batch: PartitionBatch) -> None:
         was_training = stack.training
@@ -438,16 +474,15 @@ class LayerPipeline:
             return
         self._halo_pending = None
         for layer, future in zip(self.history_layers(), futures):  # type: ignore[arg-type]
-            rows = self._result(future)
-            self.history[layer][self.halo_slots] = rows
-            self.written[layer][self.halo_slots] = self.epoch - 1
+            self._write(layer, self.halo_slots, self._result(future), self.epoch - 1)
 
     def _start_grad_return(self) -> None:
         """Return the gradients of the halo rows, gathered over this backward, to their owners."""
         part = self.part
         futures = []
         for layer in self.history_layers():
-            halo_grads = self.grad_history[layer][self.halo_slots]
+            halo_grads = self.grad_history[layer][self.halo_slots]  # a copy: the buffer's rows restart
+            self.grad_history[layer][self.halo_slots] = 0.0
             rows = list(torch.split(halo_grads, part.recv_counts))
             counts = [int(i.numel()) for i in part.send_idx]
             futures.append(self._halo_exchange(rows, counts, self.widths[layer], HALO_GRADS))
@@ -465,10 +500,13 @@ class LayerPipeline:
 
 
 def _add_rows(buffer: Tensor, slots: HistorySlots):
-    """A gradient hook adding the chunk's rows of ``buffer`` (read when the gradient arrives)."""
+    """A gradient hook taking the chunk's rows of ``buffer`` when the gradient arrives: adds them
+    and zeroes them, so what arrives later waits for the next epoch."""
 
     def hook(grad: Tensor) -> Tensor:
-        return grad.index_add(0, slots.write_pos, buffer[slots.write_slots])
+        arrived = buffer[slots.write_slots]
+        buffer[slots.write_slots] = 0.0
+        return grad.index_add(0, slots.write_pos, arrived)
 
     return hook
 

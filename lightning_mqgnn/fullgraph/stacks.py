@@ -1,8 +1,9 @@
 """The layer stacks of full-graph models, cut into the pieces a layer pipeline schedules.
 
 A stack is ``embed`` (rows any rank can compute from its input features: the first convolution's
-input, and GCNII's initial representation H0), ``num_convs`` convolutions ``conv(i, block, h_src,
-h0_dst)`` and a ``head`` on the last convolution's rows. Graph-parallel training runs the pieces in
+input, and GCNII's initial representation H0; ``embed_dropped`` the same for inputs the caller
+already dropped out with probability ``input_dropout``), ``num_convs`` convolutions ``conv(i,
+block, h_src, h0_dst)`` and a ``head`` on the last convolution's rows. Graph-parallel training runs the pieces in
 order on a partition; GNNPipe gives each pipeline stage a range of the convolutions.
 """
 
@@ -32,7 +33,12 @@ class ConvStack(nn.Module):
     def num_convs(self) -> int:
         return len(self.layers)
 
+    input_dropout = 0.0
+
     def embed(self, x: Tensor) -> Tensor:
+        return x
+
+    def embed_dropped(self, x: Tensor) -> Tensor:
         return x
 
     def conv(self, i: int, block: Block, h_src: Tensor, h0_dst: Tensor) -> Tensor:
@@ -73,8 +79,17 @@ class GCNIIStack(nn.Module):
     def num_convs(self) -> int:
         return len(self.layers)
 
+    @property
+    def input_dropout(self) -> float:
+        return self.dropout.p
+
     def embed(self, x: Tensor) -> Tensor:
-        return torch.relu(self.lin_in(self.dropout(x)))
+        return self.embed_dropped(self.dropout(x))
+
+    def embed_dropped(self, x: Tensor) -> Tensor:
+        """``embed`` of inputs already dropped out: a layer pipeline draws one input mask per epoch
+        for all its stages, so every stage's H0 of a node is the same."""
+        return torch.relu(self.lin_in(x))
 
     def conv(self, i: int, block: Block, h_src: Tensor, h0_dst: Tensor) -> Tensor:
         return self.dropout(torch.relu(self.layers[i](block, h_src, h0_dst)))

@@ -77,7 +77,6 @@ def make_strategy(mode: str, args) -> Any:
         num_chunks=args.chunks,
         transport=link,
         seed=args.seed,
-        history_grad_scale=args.history_grad_scale,
         start_method="fork",
     )
 
@@ -151,7 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--chunks", type=int, default=None, help="GNNPipe chunks per partition (default 4 per stage)"
     )
-    p.add_argument("--history-grad-scale", type=float, default=1.0)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=1e-2)
@@ -214,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     header.append(
         f"- {args.world} gloo ranks (single: 1), GCNII {args.hidden} wide, dropout {args.dropout}, Adam lr "
         f"{args.lr}, {args.epochs} epochs, seed {args.seed}; graph-parallel on METIS partitions; GNNPipe "
-        f"{args.world} stages, hybrid 2 partitions x {args.world // 2} stages, {chunks}, history gradient "
-        f"scale {args.history_grad_scale}; SIMULATED link {args.latency_ms} ms + "
+        f"{args.world} stages, hybrid 2 partitions x {args.world // 2} stages, {chunks}; SIMULATED link {args.latency_ms} ms + "
         f"{args.bandwidth_gbit} Gbit/s per message; epoch time: median from epoch 3, validation excluded; "
         "training memory: peak resident set growth over training start"
         + (", allocations over 1 MiB mmapped (freed memory leaves the resident set)" if exact_peaks else "")
