@@ -42,8 +42,6 @@ class GNNPipeStrategy(FullGraphStrategyBase):
         chunking: 'metis' or 'random' cut of a partition into chunks.
         shuffle: a new chunk order every epoch, the same on every rank.
         recompute: keep only each chunk's input and recompute its forward in the backward.
-        smoothing: stale history rows are read as the exponential average (this factor) of their
-            values over the epochs, as PipeGCN smooths its stale halo; 0 reads last epoch's values.
         halo_timeout_s: how long a transfer waits for a silent peer before failing.
         transport: builds a ``Transport`` from (position, size, group, global ranks); benchmarks
             pass one that models a slower link.
@@ -58,7 +56,6 @@ class GNNPipeStrategy(FullGraphStrategyBase):
         chunking: str = "metis",
         shuffle: bool = True,
         recompute: bool = True,
-        smoothing: float = 0.8,
         halo_timeout_s: float = 60.0,
         transport: TransportFactory | None = None,
         seed: int = 0,
@@ -74,7 +71,6 @@ class GNNPipeStrategy(FullGraphStrategyBase):
         self.chunking = chunking
         self.shuffle = shuffle
         self.recompute = recompute
-        self.smoothing = smoothing
         self.pipeline: LayerPipeline | None = None
         self._batch: PartitionBatch | None = None
         self.staleness = Staleness()  # of every pipeline this strategy ran
@@ -115,7 +111,6 @@ class GNNPipeStrategy(FullGraphStrategyBase):
                 seed=self.seed,
                 shuffle=self.shuffle,
                 recompute=self.recompute,
-                smoothing=self.smoothing,
                 staleness=self.staleness,
             )
         return self.pipeline

@@ -100,10 +100,7 @@ class LayerPipeline:
         shuffle: bool = True,
         recompute: bool = True,
         staleness: Staleness | None = None,
-        smoothing: float = 0.8,
     ):
-        if not 0.0 <= smoothing < 1.0:
-            raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
         part = batch.partition
         if part.num_parts != layout.ways:
             raise ValueError(f"partition has {part.num_parts} parts but the layout has {layout.ways} ways")
@@ -115,7 +112,6 @@ class LayerPipeline:
         self.widths = widths
         self.num_inner = part.num_inner
         self.seed, self.shuffle, self.recompute = seed, shuffle, recompute
-        self.smoothing = smoothing
         self.chunks = chunk_partition(part, num_chunks, chunking, seed)
         send_all = torch.cat(part.send_idx) if part.send_idx else torch.empty(0, dtype=torch.int64)
         halo_rows = torch.arange(part.num_inner, part.block.num_src)
@@ -136,7 +132,6 @@ class LayerPipeline:
         # per history layer, one row per kept row (``self.kept``): values, the epoch each was
         # written in, and the gradients other chunks (or peers) sent back for it
         self.history: dict[int, Tensor] = {}
-        self.smoothed: dict[int, Tensor] = {}  # exponential average of the rows' values per epoch
         self.written: dict[int, Tensor] = {}
         self.grad_history: dict[int, Tensor] = {}
         self.staleness = staleness if staleness is not None else Staleness()
@@ -267,8 +262,6 @@ class LayerPipeline:
                 if training:
                     self.history[layer].copy_(src[self.kept])
                     self.written[layer].fill_(self.epoch)
-                    if layer in self.smoothed:
-                        self.smoothed[layer].copy_(self.history[layer])
             h = stack.conv(layer, block, src, h0)
         if self.last:
             return stack.head(h)
@@ -298,7 +291,7 @@ class LayerPipeline:
                 if record:
                     self._write(layer, slots.write_slots, h.detach()[slots.write_pos])
                     self._count_reads(layer, slots)
-                ext = self._read(layer, slots.ext_slots)
+                ext = self.history[layer][slots.ext_slots]
                 if torch.is_grad_enabled():  # a leaf whose gradient goes to grad_history
                     run.ext[layer] = ext.requires_grad_(True)
                 if h.requires_grad and slots.write_pos.numel():
@@ -335,19 +328,9 @@ class LayerPipeline:
         return node_loss(logits, labels, multilabel, "sum") / batch.num_train_global
 
     def _write(self, layer: int, where: Tensor, rows: Tensor, epoch: int | None = None) -> None:
-        """Record ``rows`` (values of ``epoch``, default this one) in the history and its average."""
+        """Record ``rows`` (values of ``epoch``, default this one) in the history."""
         self.history[layer][where] = rows
         self.written[layer][where] = self.epoch if epoch is None else epoch
-        if layer in self.smoothed:
-            self.smoothed[layer][where] = torch.lerp(rows, self.smoothed[layer][where], self.smoothing)
-
-    def _read(self, layer: int, where: Tensor) -> Tensor:
-        """History rows: this epoch's value where already written, else (stale) the average."""
-        rows = self.history[layer][where]
-        if layer not in self.smoothed:
-            return rows
-        fresh = (self.written[layer][where] == self.epoch).unsqueeze(1)
-        return torch.where(fresh, rows, self.smoothed[layer][where])
 
     def _count_reads(self, layer: int, slots: HistorySlots) -> None:
         if not slots.ext_slots.numel():
@@ -375,8 +358,6 @@ class LayerPipeline:
             self.history[layer] = torch.zeros(rows, width, device=device)
             self.written[layer] = torch.full((rows,), -1, dtype=torch.int64, device=device)
             self.grad_history[layer] = torch.zeros(rows, width, device=device)
-            if self.smoothing > 0:
-                self.smoothed[layer] = torch.zeros(rows, width, device=device)
 
     def _warm_up(self, stack: Stack, batch: PartitionBatch) -> None:
         was_training = stack.training
