@@ -62,10 +62,11 @@ class HistorySlots:
 
 def history_slots(
     chunks: list[Chunk], also_read: Tensor, num_local: int
-) -> tuple[Tensor, list[HistorySlots]]:
-    """The local rows a history must keep (every chunk's ext rows and ``also_read``), sorted, and
-    each chunk's slots in it. A row no other chunk reads needs no history: with METIS chunks most
-    rows are such interior rows, so the history is a fraction of the partition."""
+) -> tuple[Tensor, Tensor, list[HistorySlots]]:
+    """The local rows a history must keep (every chunk's ext rows and ``also_read``), sorted; the
+    slot of every local row in it (-1: not kept); and each chunk's slots. A row no other chunk
+    reads needs no history: with METIS chunks most rows are such interior rows, so the history is
+    a fraction of the partition."""
     kept = torch.unique(torch.cat([*(c.ext for c in chunks), also_read]))
     slot = torch.full((num_local,), -1, dtype=torch.int64)
     slot[kept] = torch.arange(kept.numel())
@@ -74,7 +75,7 @@ def history_slots(
         own = slot[c.rows]
         write_pos = (own >= 0).nonzero().flatten()
         slots.append(HistorySlots(slot[c.ext], write_pos, own[write_pos]))
-    return kept, slots
+    return kept, slot, slots
 
 
 def inner_graph(part: LocalPartition) -> CSRGraph:

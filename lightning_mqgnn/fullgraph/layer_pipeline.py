@@ -115,11 +115,9 @@ class LayerPipeline:
         self.chunks = chunk_partition(part, num_chunks, chunking, seed)
         send_all = torch.cat(part.send_idx) if part.send_idx else torch.empty(0, dtype=torch.int64)
         halo_rows = torch.arange(part.num_inner, part.block.num_src)
-        self.kept, self.slots = history_slots(
+        self.kept, slot, self.slots = history_slots(
             self.chunks, torch.cat([send_all, halo_rows]), part.block.num_src
         )
-        slot = torch.full((part.block.num_src,), -1, dtype=torch.int64)
-        slot[self.kept] = torch.arange(self.kept.numel())
         self.send_slots = slot[send_all]  # peers read these inner rows (the hybrid)
         self.halo_slots = slot[halo_rows]
         stage_ranks = [layout.rank_of(self.way, s) for s in range(layout.stages)]
