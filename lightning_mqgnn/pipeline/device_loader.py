@@ -50,6 +50,7 @@ from lightning_mqgnn.pipeline.placement import Placement, decide_placement, free
 from lightning_mqgnn.pipeline.plan import EpochPlan, Planned
 from lightning_mqgnn.pipeline.produce import sample_batch
 from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize
+from lightning_mqgnn.pipeline.settings import check_queue_size
 from lightning_mqgnn.pipeline.source import BatchSource
 from lightning_mqgnn.pipeline.transfer import DeviceMover, batch_nbytes
 from lightning_mqgnn.sampling.base import Sampler
@@ -131,8 +132,7 @@ class DeviceResidentLoader(Planned):
         memory_margin: float = 0.1,
     ):
         super().__init__(plan)
-        if queue_size != "auto" and (not isinstance(queue_size, int) or queue_size < 1):
-            raise ValueError(f"queue_size must be a positive int or 'auto', got {queue_size!r}")
+        check_queue_size(queue_size)
         self.source = source
         self.placement = placement if placement is not None else Placement()
         self.fixed_q = None if queue_size == "auto" else int(queue_size)

@@ -8,6 +8,12 @@ from lightning_mqgnn.pipeline.producer_choice import PRODUCERS
 from lightning_mqgnn.pipeline.workers import check_start_method, default_num_workers
 
 
+def check_queue_size(q: int | str) -> None:
+    """A device queue's size: a positive int, or ``"auto"`` for eq. 24-25."""
+    if q != "auto" and (not isinstance(q, int) or q < 1):
+        raise ValueError(f"queue_size must be a positive int or 'auto', got {q!r}")
+
+
 @dataclass(frozen=True)
 class PipelineSettings:
     """``num_workers`` sampler processes (None: the cores of this rank less one); a CPU queue of
@@ -32,9 +38,7 @@ class PipelineSettings:
     def __post_init__(self) -> None:
         if self.num_workers is not None and self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1 (or None for auto), got {self.num_workers}")
-        q = self.queue_size
-        if q != "auto" and (not isinstance(q, int) or q < 1):
-            raise ValueError(f"queue_size must be a positive int or 'auto', got {q!r}")
+        check_queue_size(self.queue_size)
         check_start_method(self.start_method, self.worker_threads)
         if self.producer not in PRODUCERS:
             raise ValueError(f"producer must be one of {PRODUCERS}, got {self.producer!r}")
