@@ -226,37 +226,57 @@ def plot(results: dict[str, dict[str, dict]], path: Path) -> None:
         ax.set_ylabel("training loss")
         ax.set_yscale("log")
         ax.legend()
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
+
+
+def add_run_arguments(p: argparse.ArgumentParser, *, epochs: int, hidden: int) -> None:
+    """The options of both full-graph benchmarks: training, the simulated link, the outputs."""
+    p.add_argument("--epochs", type=int, default=epochs)
+    p.add_argument("--val-every", type=int, default=5)
+    p.add_argument("--world", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=hidden)
+    p.add_argument("--dropout", type=float, default=0.5)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--latency-ms", type=float, default=1.0)
+    p.add_argument("--bandwidth-gbit", type=float, default=1.0)
+    p.add_argument("--products-scale", type=float, default=0.01, help="products_like nodes: 2.45M x scale")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--plot", type=Path, default=None)
+
+
+def checked_modes(p: argparse.ArgumentParser, value: str, known) -> list[str]:
+    """``--modes`` as a list, every name one of ``known`` (else an argparse error)."""
+    modes = value.split(",")
+    unknown = [m for m in modes if m not in known]
+    if unknown:
+        p.error(f"unknown modes {unknown}; expected {list(known)}")
+    return modes
+
+
+def one_thread_per_rank() -> None:
+    """Ranks share the machine's cores: one thread each, as the timing runs were made."""
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--datasets", default="cora,amazon_photo,coauthor_physics,products_like")
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--val-every", type=int, default=5)
-    p.add_argument("--world", type=int, default=4)
     p.add_argument("--model", default="gcn", choices=["gcn", "sage"])
-    p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--dropout", type=float, default=0.5)
-    p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoothing", type=float, default=0.8, help="stale modes: halo smoothing factor")
-    p.add_argument("--latency-ms", type=float, default=1.0)
-    p.add_argument("--bandwidth-gbit", type=float, default=1.0)
-    p.add_argument("--products-scale", type=float, default=0.01, help="products_like nodes: 2.45M x scale")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--plot", type=Path, default=None)
+    add_run_arguments(p, epochs=200, hidden=256)
     args = p.parse_args(argv)
-    modes = args.modes.split(",")
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        p.error(f"unknown modes {unknown}; expected {list(MODES)}")
-    torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    modes = checked_modes(p, args.modes, MODES)
+    one_thread_per_rank()
     results: dict[str, dict[str, dict]] = {}
     rows = [
         "| dataset | halo rows/rank | mode | epoch ms | x faster | bytes/epoch | x fewer | test | Δ test (points) | bits (last epochs) |",

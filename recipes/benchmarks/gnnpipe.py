@@ -22,20 +22,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 
 from benchmarks._report import machine_header, write_report
 from benchmarks.fullgraph import (
     Recorder,
+    add_run_arguments,
+    checked_modes,
     load_dataset,
     on_simulated_link,
+    one_thread_per_rank,
     quiet_trainer,
+    save_figure,
     scoring_module,
     simulated_link,
     summarise,
@@ -134,9 +136,7 @@ def plot(results: dict[str, dict[tuple[str, int], dict]], path: Path) -> None:
         ax.set_ylabel("MiB sent per epoch (all ranks)")
         ax.set_xscale("log", base=2)
         ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,29 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--datasets", default="coauthor_physics_128,products_like")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--depths", default="8,16,32")
-    p.add_argument("--epochs", type=int, default=60)
-    p.add_argument("--val-every", type=int, default=5)
-    p.add_argument("--world", type=int, default=4)
     p.add_argument(
         "--chunks", type=int, default=None, help="GNNPipe chunks per partition (default 4 per stage)"
     )
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--dropout", type=float, default=0.5)
-    p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--latency-ms", type=float, default=1.0)
-    p.add_argument("--bandwidth-gbit", type=float, default=1.0)
-    p.add_argument("--products-scale", type=float, default=0.01, help="products_like nodes: 2.45M x scale")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--plot", type=Path, default=None)
+    add_run_arguments(p, epochs=60, hidden=64)
     args = p.parse_args(argv)
-    modes = args.modes.split(",")
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        p.error(f"unknown modes {unknown}; expected {list(MODES)}")
+    modes = checked_modes(p, args.modes, MODES)
     depths = [int(d) for d in args.depths.split(",")]
-    torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    one_thread_per_rank()
     exact_peaks = mmap_large_allocations()
     results: dict[str, dict[tuple[str, int], dict]] = {}
     rows = [
