@@ -11,32 +11,59 @@ from torch import Tensor
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 
 
-def row_positions(starts: Tensor, counts: Tensor) -> Tensor:
+def row_positions(starts: Tensor, counts: Tensor, out: Tensor | None = None) -> Tensor:
     """``cat([arange(s, s + c) for s, c in zip(starts, counts)])``: the CSR positions of whole
     rows (empty rows allowed). On the CPU one cumulative sum: steps are 1 except where a row
     begins, where the step jumps from the previous row's last position to the row's start. On a
-    GPU ``row_positions_by_repeat``, which waits for the device once (the total) instead of twice."""
+    GPU ``row_positions_by_repeat``, which waits for the device once (the total) instead of twice.
+    ``out``: an int64 buffer of at least the total length to write into (a ``Workspace``'s)."""
     if starts.is_cuda:
-        return row_positions_by_repeat(starts, counts)
+        return row_positions_by_repeat(starts, counts, out)
     if not bool((counts > 0).all()):
         keep = counts > 0
         starts, counts = starts[keep], counts[keep]
     total = int(counts.sum())
     if total == 0:
         return torch.zeros(0, dtype=torch.int64, device=starts.device)
-    step = torch.ones(total, dtype=torch.int64, device=starts.device)
+    step = torch.ones(total, dtype=torch.int64, device=starts.device) if out is None else out[:total].fill_(1)
     last_before = torch.cat([starts.new_zeros(1), (starts + counts)[:-1] - 1])  # before the first: 0
     step[torch.cumsum(counts, 0) - counts] = starts - last_before
     return step.cumsum_(0)
 
 
-def row_positions_by_repeat(starts: Tensor, counts: Tensor) -> Tensor:
+def row_positions_by_repeat(starts: Tensor, counts: Tensor, out: Tensor | None = None) -> Tensor:
     """``row_positions`` as ``arange(total)`` shifted by each row's ``start - output start``:
     empty rows need no filtering, so the only host read is the total."""
     total = int(counts.sum())
     shift = starts - (torch.cumsum(counts, 0) - counts)
-    out = torch.arange(total, dtype=torch.int64, device=starts.device)
+    if out is None:
+        out = torch.arange(total, dtype=torch.int64, device=starts.device)
+    else:
+        out = torch.arange(total, dtype=torch.int64, device=starts.device, out=out[:total])
     return out.add_(torch.repeat_interleave(shift, counts, output_size=total))
+
+
+class Workspace:
+    """Named buffers reused from layer to layer and batch to batch for a sampler's per-candidate
+    arrays: a layer's candidate edges run into the millions, and fresh tensors of that size cost
+    the allocator fresh pages (page faults) that outweigh the arithmetic on them. Each buffer grows
+    to the largest request seen. Not pickled (each process makes its own); not thread-safe."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, Tensor] = {}
+
+    def __getstate__(self) -> dict:
+        return {"_buffers": {}}
+
+    def take(self, name: str, size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """The first ``size`` entries of buffer ``name``; their values are left over from earlier
+        use. Valid until the next ``take`` of the same name."""
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < size or buffer.dtype != dtype or buffer.device != device:
+            grown = size if buffer is None else max(size, buffer.numel() + buffer.numel() // 4)
+            buffer = torch.empty(grown, dtype=dtype, device=device)
+            self._buffers[name] = buffer
+        return buffer[:size]
 
 
 @runtime_checkable
@@ -56,19 +83,27 @@ class Sampler(Protocol):
     def sample(self, seeds: Tensor) -> MiniBatch: ...
 
 
+# Scanning the byte map of all nodes (8 bytes a step) costs about as much as sorting one id per
+# this many nodes
+SCAN_PER_SORTED_ID = 48
+
+
 class Relabeler:
     """Maps global node ids to block-local ids with a reusable scratch array.
 
-    Keeps the destination nodes as a prefix of the sources (for SAGE's self features) in O(batch)
-    time: no sort over all ``N`` nodes, no hash map. One instance per process; not thread-safe.
+    Keeps the destination nodes as a prefix of the sources (for SAGE's self features) without a
+    hash map. The new sources are ordered either by a sort of them (O(m log m)) or, when the graph
+    is small against them, by flagging them in a byte map and scanning it (O(N / 8)); both give the
+    same ascending ids. One instance per process; not thread-safe.
     """
 
     def __init__(self, num_nodes: int):
         self.num_nodes = num_nodes
         self._slot: Tensor | None = None
+        self._flags: Tensor | None = None
 
     def __getstate__(self) -> dict:
-        return {"num_nodes": self.num_nodes, "_slot": None}  # the scratch array is not shipped
+        return {"num_nodes": self.num_nodes, "_slot": None, "_flags": None}  # scratch is not shipped
 
     def __call__(self, prefix: Tensor, others: Tensor) -> tuple[Tensor, Tensor]:
         """Return ``(nodes, local)``: ``nodes`` = ``prefix`` then the new ids of ``others`` in
@@ -79,12 +114,28 @@ class Relabeler:
             self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=device)
         slot = self._slot  # index_select/index_fill_ below: 1-D fancy indexing is much slower
         slot.index_copy_(0, prefix, torch.arange(prefix.numel(), device=device))
-        new = torch.unique(others[slot.index_select(0, others) < 0])
+        new = self._distinct(others[slot.index_select(0, others) < 0])
         slot.index_copy_(0, new, torch.arange(prefix.numel(), prefix.numel() + new.numel(), device=device))
         local = slot.index_select(0, others)
         nodes = torch.cat([prefix, new])
         slot.index_fill_(0, nodes, -1)  # leave the scratch clean for the next call
         return nodes, local
+
+    def _distinct(self, ids: Tensor) -> Tensor:
+        """The distinct values of ``ids``, ascending. On the CPU, unless the graph is large
+        against them, without a sort: flag them in a byte map of all nodes, find the 8-byte words
+        holding a flag, then the flags inside those words (the map is cleared again)."""
+        if ids.is_cuda or self.num_nodes > SCAN_PER_SORTED_ID * ids.numel():
+            return torch.unique(ids)
+        if self._flags is None:
+            self._flags = torch.zeros(-(-self.num_nodes // 8) * 8, dtype=torch.uint8)
+        flags = self._flags
+        flags.index_fill_(0, ids, 1)
+        words = torch.nonzero(flags.view(torch.int64)).squeeze(1)
+        within = torch.nonzero(flags.view(-1, 8).index_select(0, words).view(-1)).squeeze(1)
+        distinct = words.index_select(0, within.bitwise_right_shift(3)).mul_(8).add_(within.bitwise_and(7))
+        flags.index_fill_(0, distinct, 0)
+        return distinct
 
 
 def sample_top_down(
