@@ -118,11 +118,11 @@ class GNSSampler:
         cached_count = sub.in_degrees()
         if self.sampling == "labor":
             # LABOR among the cached neighbours: one shared variate per cached source
-            cand = CandidateEdges(g.indices[sub.indices], sub.row_ids(), cached_count.to(torch.float64))
-            keep, taken = labor_sample(  # taken: P(u taken | u cached)
+            cand = CandidateEdges(g.indices[sub.indices], cached_count)
+            keep, rows, taken = labor_sample(  # taken: P(u taken | u cached)
                 cand, self.fanouts[0], self.importance_sampling, self._sources, draw_layer_seed()
             )
-            nbrs, rows = cand.src.index_select(0, keep), cand.rows.index_select(0, keep)
+            nbrs = cand.src.index_select(0, keep)
             counts = torch.bincount(rows, minlength=dst.numel())
         else:
             counts, pos = sample_neighbor_edges(

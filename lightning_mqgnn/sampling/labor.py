@@ -6,8 +6,8 @@ Poisson sampling with shared variates. Every candidate source ``t`` of a layer d
 ``r_t <= π_ts = min(1, c_s π_t)``. Destinations that share a neighbour share its draw, so a vertex
 needed by many rows is either taken for all of them or for none, and the number of distinct
 sources drops while every row alone behaves as under node-wise sampling. ``r_t`` comes from a
-counter-based hash of ``(layer seed, t)`` (SplitMix64), the layer seed from torch's global
-generator: no sort or unique over the candidates is needed to share the draws, and a seeded
+counter-based hash of ``(layer seed, t)`` (MurmurHash3's 32-bit finaliser), the layer seed from
+torch's global generator: no sort or unique over the candidates is needed to share the draws, and a seeded
 process samples the same blocks.
 
 Probabilities (equation numbers of the paper's arXiv version, arXiv:2210.13339).
@@ -40,12 +40,13 @@ to mean 1 over its row (1 for LABOR-0), as ``GraphConv(norm="both")`` with LABOR
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
-from lightning_mqgnn.sampling.base import Relabeler, row_positions, sample_top_down
+from lightning_mqgnn.sampling.base import Relabeler, Workspace, row_positions, sample_top_down
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm, row_mass
 from lightning_mqgnn.sampling.neighbor import NORMALIZATIONS, block_normalization, sampled_block
@@ -56,47 +57,62 @@ TOLERANCE = 1e-4
 C_ITERATIONS = 100
 CLIP_SLACK = 1e-12  # c π_t within this of 1 counts as clipped (c = 1/π_t in floating point)
 MAX_ROUNDS = 50
+SEARCH_PER_ROW_ID = 24  # a binary search for one row costs about as much as writing this many row ids
 
-# SplitMix64 constants (Steele, Lea & Flood 2014) as signed int64 0-dim tensors: multiplying by a
-# Python int beyond 32 bits takes a slow scalar path (~30x slower per element)
-_GOLDEN = torch.tensor(0x9E3779B97F4A7C15 - (1 << 64))
-_MIX1 = torch.tensor(0xBF58476D1CE4E5B9 - (1 << 64))
-_MIX2 = torch.tensor(0x94D049BB133111EB - (1 << 64))
-_LOW = {b: torch.tensor((1 << b) - 1) for b in (53, 34, 37, 33)}  # masks of the low b bits
-_SCALE = float(1 << 53)
-_UNIT = 1.0 / (1 << 53)
+# MurmurHash3's 32-bit finaliser (fmix32) and Knuth's multiplicative constant, as signed int32
+# 0-dim tensors: int32 products wrap modulo 2^32 and vectorise natively, where int64 products do not
+_GOLDEN = torch.tensor(0x9E3779B1 - (1 << 32), dtype=torch.int32)
+_MIX = (
+    (16, torch.tensor(0x85EBCA6B - (1 << 32), dtype=torch.int32)),
+    (13, torch.tensor(0xC2B2AE35 - (1 << 32), dtype=torch.int32)),
+    (16, None),
+)
+_LOW = {b: torch.tensor((1 << b) - 1, dtype=torch.int32) for b in (16, 19)}  # masks of the low b bits
+_BITS = 32
+_HALF = 1 << 31
 
 
-def hash_bits(seed: int, ids: Tensor) -> Tensor:
-    """53 random bits per vertex id, the same for every occurrence of an id: SplitMix64 of
-    ``seed + id · golden`` (int64 arithmetic wraps), its top 53 bits. In place on two buffers: the
-    candidate edges of a layer run into the millions, and a fresh tensor per step costs more than
-    the arithmetic."""
-    z = ids.to(torch.int64) * _GOLDEN
-    z.add_(torch.tensor(seed))
-    t = torch.empty_like(z)
-    for bits, mix in ((30, _MIX1), (27, _MIX2), (31, None)):
-        torch.bitwise_right_shift(z, bits, out=t).bitwise_and_(_LOW[64 - bits])  # logical shift
+def hash_bits(seed: int, ids: Tensor, workspace: Workspace | None = None) -> Tensor:
+    """32 random bits per vertex id as int32, the same for every occurrence of an id: fmix32 of
+    ``id · golden + seed`` (mod 2^32). Distinct ids below 2^32 get distinct hashes (both steps are
+    bijections). In place on two buffers (a ``workspace``'s when given): the candidate edges of a
+    layer run into the millions, and a fresh tensor per step costs more than the arithmetic."""
+    if workspace is None:
+        z = ids.to(torch.int32)
+        t = torch.empty_like(z)
+    else:
+        z = workspace.take("hash", ids.numel(), torch.int32, ids.device).copy_(ids)
+        t = workspace.take("hash_shift", ids.numel(), torch.int32, ids.device)
+    z.mul_(_GOLDEN).add_(torch.tensor((seed & 0xFFFFFFFF) - _HALF, dtype=torch.int32))
+    for bits, mix in _MIX:
+        torch.bitwise_right_shift(z, bits, out=t).bitwise_and_(_LOW[_BITS - bits])  # logical shift
         z.bitwise_xor_(t)
         if mix is not None:
             z.mul_(mix)
-    return torch.bitwise_right_shift(z, 11, out=t).bitwise_and_(_LOW[53])
+    return z
 
 
 def shared_uniforms(seed: int, ids: Tensor) -> Tensor:
-    """``r_t`` in ``(0, 1]``: ``(hash_bits + 1) / 2^53``."""
-    return (hash_bits(seed, ids) + 1).to(torch.float64) * _UNIT
+    """``r_t`` in ``(0, 1]``: ``(b + 1) / 2^32`` with ``b`` the hash bits read as unsigned."""
+    return (hash_bits(seed, ids).to(torch.float64) + (_HALF + 1)) / float(1 << _BITS)
 
 
 def threshold(prob: Tensor) -> Tensor:
-    """``floor(prob 2^53)`` as int64: ``r_t <= prob`` is ``hash_bits < threshold`` (``bits + 1 <=
-    prob 2^53``, exact in float64 for ``prob <= 1``), compared without a float copy of the bits."""
-    return (prob * _SCALE).floor_().to(torch.int64)
+    """The int32 ``l`` with ``r_t <= prob`` exactly when ``hash_bits <= l``: ``b + 1 <= prob 2^32``
+    is ``b <= floor(prob 2^32) - 1``, shifted to signed. ``prob`` is thereby rounded down to a
+    multiple of 2^-32 (an edge below 2^-32 keeps that chance instead of none)."""
+    limit = (prob * float(1 << _BITS)).floor_().sub_(_HALF + 1)
+    return limit.clamp_(min=-_HALF).to(torch.int32)
 
 
-def below(seed: int, ids: Tensor, limit: Tensor) -> Tensor:
-    """Positions (ascending) where ``r_t`` of ``ids`` is below its ``threshold`` ``limit``."""
-    return torch.nonzero(hash_bits(seed, ids) < limit).squeeze(1)
+def below(seed: int, ids: Tensor, limit: Tensor, workspace: Workspace | None = None) -> Tensor:
+    """Positions (ascending) where ``r_t`` of ``ids`` is at most the probability whose
+    ``threshold`` is ``limit``."""
+    bits = hash_bits(seed, ids, workspace)
+    if workspace is None:
+        return torch.nonzero(bits <= limit).squeeze(1)
+    kept = workspace.take("kept", ids.numel(), torch.bool, ids.device)
+    return torch.nonzero(torch.le(bits, limit, out=kept)).squeeze(1)
 
 
 def draw_layer_seed() -> int:
@@ -106,14 +122,47 @@ def draw_layer_seed() -> int:
     return int(torch.randint(0, 1 << 62, (1,), device=device, generator=generator))
 
 
-@dataclass
+@dataclass(eq=False)
 class CandidateEdges:
     """Every edge a layer may keep, grouped by destination row: ``src`` the global source id of each
-    edge, ``rows`` its row, ``deg`` the candidates per row (float64: ``d_s``)."""
+    edge, ``counts`` the candidates per row (int64). Per-edge row ids are built only when asked
+    for: LABOR-0 needs the rows of the kept edges alone."""
 
     src: Tensor
-    rows: Tensor
-    deg: Tensor
+    counts: Tensor
+
+    @cached_property
+    def deg(self) -> Tensor:
+        """``d_s`` per row, float64."""
+        return self.counts.to(torch.float64)
+
+    @cached_property
+    def rows(self) -> Tensor:
+        """The row of every candidate."""
+        rows = torch.arange(self.counts.numel(), device=self.src.device)
+        return self.per_edge(rows)
+
+    def per_edge(self, row_values: Tensor, workspace: Workspace | None = None) -> Tensor:
+        """A per-row value repeated over the row's candidates. With a ``workspace`` (integer
+        values) written into its buffer as a cumulative sum of the jumps between consecutive rows,
+        each at its row's first candidate: no per-candidate index is built. Jumps wrap modulo the
+        dtype's range and so does their sum, back to the row's value."""
+        total = self.src.numel()
+        if workspace is None:
+            return torch.repeat_interleave(row_values, self.counts, output_size=total)
+        first = torch.cumsum(self.counts, 0) - self.counts
+        jumps = torch.diff(row_values.to(torch.int64), prepend=row_values.new_zeros(1, dtype=torch.int64))
+        inside = first < total  # trailing empty rows start past the end
+        out = workspace.take("per_edge", total, row_values.dtype, row_values.device).zero_()
+        out.index_add_(0, first[inside], jumps[inside].to(row_values.dtype))
+        return out.cumsum_(0)
+
+    def rows_at(self, positions: Tensor) -> Tensor:
+        """The rows of the candidates at ``positions``: a binary search over the row ends when
+        the positions are few against the candidates, else a look-up in every row id."""
+        if "rows" not in self.__dict__ and positions.numel() * SEARCH_PER_ROW_ID < self.src.numel():
+            return torch.searchsorted(torch.cumsum(self.counts, 0), positions, right=True)
+        return self.rows.index_select(0, positions)
 
 
 class SourceIndex:
@@ -141,30 +190,33 @@ class SourceIndex:
         return distinct.numel(), local
 
 
-def solve_row_scale(cand: CandidateEdges, inv_pi: Tensor, k: Tensor) -> Tensor:
+def solve_row_scale(cand: CandidateEdges, inv_pi: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
     """``c_s`` with ``Σ_{t->s} 1/min(1, c_s π_t) = d_s² / k_s`` for every row (eq. 15/22, unit
-    weights); ``inv_pi`` is ``1/π_t`` per edge.
+    weights), and ``c_s`` per edge; ``inv_pi`` is ``1/π_t`` per edge.
 
     Water-filling from below: with ``C`` the edges clipped at 1 (``c π_t >= 1``) the equation is
     ``|C| + Σ_{t∉C} 1/(c π_t) = T``, so ``c = Σ_{t∉C} (1/π_t) / (T - |C|)``. Started at
     ``Σ_t (1/π_t) / T`` (no clipping assumed), every step stays at or below the root and only
     grows ``C``; when no row's ``C`` changes, the ``c`` of every row is exact.
     """
-    rows = cand.rows
-    target = cand.deg * cand.deg / k.clamp(min=1.0)
-    c = row_sums(rows, inv_pi, cand.deg.numel()) / target.clamp(min=1.0)
+    rows, counts, deg = cand.rows, cand.counts, cand.deg
+    target = deg * deg / k.clamp(min=1.0)
+    c = row_sums(inv_pi, counts) / target.clamp(min=1.0)
+    limit = inv_pi * (1.0 - CLIP_SLACK)  # ties at c π_t = 1 count as clipped despite rounding
     clipped = torch.zeros(inv_pi.numel(), dtype=torch.bool, device=inv_pi.device)
-    count_prev = None
+    num_clipped = 0
+    c_edge = c.index_select(0, rows)
     for _ in range(C_ITERATIONS):
-        # C only grows (ties at c π_t = 1 would otherwise flip with rounding)
-        clipped |= c.index_select(0, rows) >= inv_pi * (1.0 - CLIP_SLACK)
-        count = row_sums(rows, clipped.to(torch.float64), c.numel())
-        if count_prev is not None and torch.equal(count, count_prev):
+        clipped = (c_edge >= limit).logical_or_(clipped)  # C only grows
+        grown = int(clipped.sum())
+        if grown == num_clipped:  # no row's C grew: every c is exact
             break
-        free = row_sums(rows, torch.where(clipped, 0.0, inv_pi), c.numel())
-        c = torch.where(count < cand.deg, free / (target - count).clamp(min=CLIP_SLACK), c)
-        count_prev = count
-    return c
+        num_clipped = grown
+        count = row_sums(clipped.to(torch.float64), counts)
+        free = row_sums(torch.where(clipped, 0.0, inv_pi), counts)
+        c = torch.where(count < deg, free / (target - count).clamp(min=CLIP_SLACK), c)
+        c_edge = c.index_select(0, rows)
+    return c, c_edge
 
 
 def labor_probabilities(
@@ -182,55 +234,70 @@ def labor_probabilities(
     pi = torch.ones(num_sources, dtype=torch.float64, device=cand.src.device)
     rounds = MAX_ROUNDS if importance_sampling < 0 else importance_sampling
     expected_prev = float("inf")
+    c_edge = c.index_select(0, cand.rows)
     for _ in range(rounds):
         # eq. 18: π_t <- π_t max_{t->s} c_s, t's inclusion probability in the layer
-        pi = pi * torch.zeros_like(pi).scatter_reduce_(0, local, c.index_select(0, cand.rows), "amax")
-        c = solve_row_scale(cand, (1.0 / pi).index_select(0, local), k)
+        pi = pi * torch.zeros_like(pi).scatter_reduce_(0, local, c_edge, "amax")
+        c, c_edge = solve_row_scale(cand, (1.0 / pi).index_select(0, local), k)
         expected = float(pi.clamp(max=1.0).sum())
         if expected >= (1.0 - TOLERANCE) * expected_prev:
             break
         expected_prev = expected
-    return (c.index_select(0, cand.rows) * pi.index_select(0, local)).clamp_(max=1.0)
+    return (c_edge * pi.index_select(0, local)).clamp_(max=1.0)
 
 
 def labor_sample(
-    cand: CandidateEdges, fanout: int, importance_sampling: int, index: SourceIndex, seed: int
-) -> tuple[Tensor, Tensor]:
-    """``(keep, prob)``: positions of the kept candidate edges (ascending, so rows stay grouped),
-    kept when ``r_t <= π_ts`` with one ``r_t`` per source vertex, and their ``π_ts``. LABOR-0
-    compares each edge with its row's ``min(1, k/d_s)``: no per-edge probability is built."""
+    cand: CandidateEdges,
+    fanout: int,
+    importance_sampling: int,
+    index: SourceIndex,
+    seed: int,
+    workspace: Workspace | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(keep, rows, prob)``: positions of the kept candidate edges (ascending, so rows stay
+    grouped), kept when ``r_t <= π_ts`` with one ``r_t`` per source vertex, their rows and their
+    ``π_ts``. LABOR-0 compares each edge with its row's ``min(1, k/d_s)``: no per-edge probability
+    and no per-edge row id is built."""
     if fanout < 0:
-        device = cand.src.device
-        return (
-            torch.arange(cand.src.numel(), device=device),
-            torch.ones(cand.src.numel(), dtype=torch.float64, device=device),
-        )
+        keep = torch.arange(cand.src.numel(), device=cand.src.device)
+        return keep, cand.rows, torch.ones(keep.numel(), dtype=torch.float64, device=keep.device)
     if importance_sampling == 0:
         p_row = (cand.deg.clamp(max=float(fanout)) / cand.deg.clamp(min=1.0)).clamp_(max=1.0)
-        keep = below(seed, cand.src, threshold(p_row).index_select(0, cand.rows))
-        return keep, p_row.index_select(0, cand.rows.index_select(0, keep))
+        keep = below(seed, cand.src, cand.per_edge(threshold(p_row), workspace), workspace)
+        rows = cand.rows_at(keep)
+        return keep, rows, p_row.index_select(0, rows)
     prob = labor_probabilities(cand, fanout, importance_sampling, index)
-    keep = below(seed, cand.src, threshold(prob))
-    return keep, prob.index_select(0, keep)
+    keep = below(seed, cand.src, threshold(prob), workspace)
+    return keep, cand.rows_at(keep), prob.index_select(0, keep)
 
 
-def in_edge_candidates(graph: CSRGraph, dst: Tensor) -> tuple[CandidateEdges, Tensor]:
-    """All in-edges of ``dst`` as candidates, with their CSR positions."""
+def in_edge_candidates(
+    graph: CSRGraph, dst: Tensor, workspace: Workspace | None = None
+) -> tuple[CandidateEdges, Tensor]:
+    """All in-edges of ``dst`` as candidates, with their CSR positions; both in the buffers of a
+    ``workspace`` when given (valid until its next layer)."""
     starts = graph.indptr.index_select(0, dst)
     deg = graph.indptr.index_select(0, dst + 1) - starts
-    pos = row_positions(starts, deg)
-    rows = torch.repeat_interleave(torch.arange(dst.numel(), device=dst.device), deg, output_size=pos.numel())
-    return CandidateEdges(graph.indices.index_select(0, pos), rows, deg.to(torch.float64)), pos
+    if workspace is None:
+        pos = row_positions(starts, deg)
+        return CandidateEdges(graph.indices.index_select(0, pos), deg), pos
+    total = int(deg.sum())
+    pos = row_positions(starts, deg, out=workspace.take("positions", total, torch.int64, dst.device))
+    src = workspace.take("sources", total, graph.indices.dtype, dst.device)
+    return CandidateEdges(torch.index_select(graph.indices, 0, pos, out=src), deg), pos
 
 
-def row_sums(rows: Tensor, values: Tensor, num_rows: int) -> Tensor:
-    return torch.zeros(num_rows, dtype=values.dtype, device=values.device).index_add_(0, rows, values)
+def row_sums(values: Tensor, counts: Tensor) -> Tensor:
+    """Sums of ``values`` grouped in consecutive rows of ``counts`` entries (empty rows sum to 0):
+    a segment sum, half the time of a scatter by row id."""
+    return torch.segment_reduce(values, "sum", lengths=counts, unsafe=True)
 
 
-def normalise_rows(weights: Tensor, rows: Tensor, mass: Tensor) -> Tensor:
-    """Rescale each row's weights to sum to ``mass`` of the row (the per-destination normalisation
-    of the paper's estimator); a row without kept edges stays empty."""
-    total = row_sums(rows, weights, mass.numel())
+def normalise_rows(weights: Tensor, counts: Tensor, rows: Tensor, mass: Tensor) -> Tensor:
+    """Rescale each row's weights (``counts`` per row, ``rows`` of each) to sum to ``mass`` of the
+    row (the per-destination normalisation of the paper's estimator); a row without kept edges
+    stays empty."""
+    total = row_sums(weights, counts)
     scale = torch.where(total > 0, mass / total.clamp(min=torch.finfo(torch.float64).tiny), 0.0)
     return weights * scale.index_select(0, rows)
 
@@ -272,19 +339,22 @@ class LaborSampler:
         self._row_mass = row_mass(graph, aggregation, self._norm) if exact_mass else None
         self._relabel = Relabeler(graph.num_nodes)
         self._sources = SourceIndex(graph.num_nodes)
+        self._workspace = Workspace()
 
     def sample(self, seeds: Tensor) -> MiniBatch:
         return sample_top_down(seeds, self.fanouts, self._sample_layer)
 
     def _sample_layer(self, dst: Tensor, fanout: int) -> tuple[Block, Tensor]:
-        cand, _ = in_edge_candidates(self.graph, dst)
-        keep, prob = labor_sample(cand, fanout, self.importance_sampling, self._sources, draw_layer_seed())
-        src, rows = cand.src.index_select(0, keep), cand.rows.index_select(0, keep)
+        cand, _ = in_edge_candidates(self.graph, dst, self._workspace)
+        keep, rows, prob = labor_sample(
+            cand, fanout, self.importance_sampling, self._sources, draw_layer_seed(), self._workspace
+        )
+        src = cand.src.index_select(0, keep)
         counts = torch.bincount(rows, minlength=dst.numel())
         src_nodes, local = self._relabel(dst, src)
         if self.normalization == "block":
             inv = 1.0 / prob
-            imp = normalise_rows(inv, rows, counts.to(torch.float64))  # mean 1 over each row
+            imp = normalise_rows(inv, counts, rows, counts.to(torch.float64))  # mean 1 over each row
             block = sampled_block(
                 src_nodes.numel(),
                 counts,
@@ -307,7 +377,7 @@ class LaborSampler:
             self_weights = norm.index_select(0, dst) ** 2
         w = exact / prob  # Horvitz-Thompson
         if self.estimator == "hajek":
-            w = normalise_rows(w, rows, self._row_mass.index_select(0, dst))
+            w = normalise_rows(w, counts, rows, self._row_mass.index_select(0, dst))
         return sampled_block(src_nodes.numel(), counts, local, w, self_weights=self_weights), src_nodes
 
 

@@ -13,15 +13,19 @@ from helpers.paths import CONF
 from helpers.pipeline import make_trainer, seeded_module, small_dataset
 
 from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.sampling.base import Workspace
 from lightning_mqgnn.sampling.exact import edge_weights, full_block
 from lightning_mqgnn.sampling.gns import GNSCache, GNSSampler
 from lightning_mqgnn.sampling.labor import (
     CandidateEdges,
     LaborSampler,
     SourceIndex,
+    below,
     in_edge_candidates,
     labor_probabilities,
+    labor_sample,
     shared_uniforms,
+    threshold,
 )
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
@@ -405,3 +409,54 @@ def test_candidate_edges_dataclass_names_rows():
     assert isinstance(cand, CandidateEdges)
     assert torch.equal(cand.src, graph.indices[pos])
     assert cand.rows.tolist() == [0] * int(cand.deg[0]) + [1] * int(cand.deg[1])
+
+
+def test_threshold_keeps_exactly_the_sources_whose_uniform_is_at_most_the_probability():
+    ids = torch.arange(50_000)
+    g = torch.Generator().manual_seed(2)
+    prob = torch.rand(ids.numel(), generator=g, dtype=torch.float64)
+    prob[:5] = torch.tensor([0.0, 1.0, 2.0**-32, 1.0 - 2.0**-33, 0.5])
+    u = shared_uniforms(11, ids)
+    kept = torch.zeros(ids.numel(), dtype=torch.bool)
+    kept[below(11, ids, threshold(prob))] = True
+    # r_t <= p, with p rounded down to a multiple of 2^-32
+    assert torch.equal(kept, u <= torch.floor(prob * 2.0**32) / 2.0**32)
+    assert not kept[0] and kept[1]
+    hits = float(kept[5:].float().mean())
+    assert abs(hits - float(prob[5:].mean())) < 0.01
+
+
+def test_candidate_rows_and_repeated_row_values_agree_in_every_form():
+    g = torch.Generator().manual_seed(4)
+    ws = Workspace()
+    for _ in range(30):
+        counts = torch.randint(0, 5, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g)
+        counts[0] = 0  # leading, inner and trailing empty rows
+        counts[-1] = 0
+        total = int(counts.sum())
+        cand = CandidateEdges(torch.randint(0, 100, (total,), generator=g), counts)
+        rows = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+        values = torch.randint(-(2**31), 2**31 - 1, (counts.numel(),), generator=g).to(torch.int32)
+        values[1::3] = torch.tensor([-(2**31), 2**31 - 1], dtype=torch.int32).repeat(len(values[1::3]))[
+            : len(values[1::3])
+        ]  # jumps between the extremes wrap
+        assert torch.equal(cand.per_edge(values, ws), values[rows])
+        assert torch.equal(cand.per_edge(values), values[rows])
+        positions = torch.sort(torch.randperm(total, generator=g)[: total // 3]).values
+        assert torch.equal(cand.rows_at(positions), rows[positions])  # before the row ids exist
+        assert torch.equal(cand.rows, rows)
+        assert torch.equal(cand.rows_at(positions), rows[positions])
+
+
+def test_candidates_in_a_workspace_sample_as_the_allocating_path():
+    graph = community_graph(seed=2)
+    dst = torch.arange(0, graph.num_nodes, 3)
+    ws = Workspace()
+    for rounds in (0, 2):
+        plain, pos = in_edge_candidates(graph, dst)
+        buffered, pos_ws = in_edge_candidates(graph, dst, ws)
+        assert torch.equal(plain.src, buffered.src) and torch.equal(pos, pos_ws)
+        index = SourceIndex(graph.num_nodes)
+        a = labor_sample(plain, 4, rounds, index, seed=17)
+        b = labor_sample(buffered, 4, rounds, index, seed=17, workspace=ws)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
