@@ -10,10 +10,11 @@ Three parts (``--parts``, all by default):
 - ``train``: epoch time and test metric through the recipe, with the grid's protocol
   (``benchmarks.grid.run_ours``: ``--epochs`` epochs, early stopping off, one validation per
   epoch, test at the best epoch), in the ``--config`` configuration of the grid.
-- ``speed``: milliseconds per batch of this project's ``LaborSampler`` and of DGL's
-  ``dgl.dataloading.LaborSampler`` (``sample_blocks``, no DataLoader) in one process of the DGL
-  environment (``--dgl-python``), on the same graph and the same seed batches, LABOR-0 and
-  LABOR-*; input vertices per batch of both, as a check that they sample alike.
+- ``speed``: milliseconds per batch of this project's ``LaborSampler`` in this environment and of
+  DGL's ``dgl.dataloading.LaborSampler`` (``sample_blocks``, no DataLoader) in a process of the DGL
+  environment (``--dgl-python``, whose torch is older: ours is timed there too), on the same graph
+  and the same seed batches, LABOR-0 and LABOR-*; input vertices per batch of both, as a check that
+  they sample alike.
 Measures and prints; asserts nothing about timings.
 """
 
@@ -157,32 +158,45 @@ def quality_table(counts: list[dict], training: list[dict], models: list[str]) -
 # ---- sampling speed against DGL (runs inside the DGL environment) --------------------------------
 
 
-def dgl_speed(dataset_name: str, fanouts: list[int], seeds: list[int], args) -> list[dict]:
-    """ms per batch and input vertices per batch, ours and DGL's, LABOR-0 and LABOR-*."""
+def speed_rows(
+    dataset_name: str, fanouts: list[int], seeds: list[int], args, systems: list[str]
+) -> list[dict]:
+    """ms per batch and input vertices per batch of each of ``systems`` ("ours" and, in the DGL
+    environment, "dgl"), LABOR-0 and LABOR-*, on the same seed batches."""
     from benchmarks.dgl_baseline import load_dataset
-    from lightning_mqgnn.graph.dgl_graph import import_dgl, to_dgl
     from lightning_mqgnn.sampling.labor import LaborSampler
     from lightning_mqgnn.sampling.rng import batch_rng_seed
 
-    dgl = import_dgl()
     dataset = load_dataset(dataset_name)
-    g = to_dgl(dataset)
+    if "dgl" in systems:
+        from lightning_mqgnn.graph.dgl_graph import import_dgl, to_dgl
+
+        dgl = import_dgl()
+        g = to_dgl(dataset)
+    label = "ours" if "dgl" not in systems else f"ours (torch {torch.__version__.split('+')[0]})"
     rows = []
     for rounds in (0, -1):
-        ours = LaborSampler(dataset.graph, fanouts, "mean", importance_sampling=rounds)
-        theirs = dgl.dataloading.LaborSampler(fanouts, importance_sampling=rounds)
+        samplers = {}
+        if "ours" in systems:
+            ours = LaborSampler(dataset.graph, fanouts, "mean", importance_sampling=rounds)
 
-        def sample_ours(epoch, i, s, seed, ours=ours):
-            torch.manual_seed(batch_rng_seed(seed, epoch, i))
-            return ours.sample(s).input_nodes.numel()
+            def sample_ours(epoch, i, s, seed, ours=ours):
+                torch.manual_seed(batch_rng_seed(seed, epoch, i))
+                return ours.sample(s).input_nodes.numel()
 
-        def sample_dgl(epoch, i, s, seed, theirs=theirs):
-            return theirs.sample_blocks(g, s)[0].numel()
+            samplers[label] = sample_ours
+        if "dgl" in systems:
+            theirs = dgl.dataloading.LaborSampler(fanouts, importance_sampling=rounds)
 
-        for system, fn in (("ours", sample_ours), ("dgl", sample_dgl)):
+            def sample_dgl(epoch, i, s, seed, theirs=theirs):
+                return theirs.sample_blocks(g, s)[0].numel()
+
+            samplers["dgl"] = sample_dgl
+        for system, fn in samplers.items():
             for seed in seeds:
                 torch.manual_seed(seed)
-                dgl.seed(seed)
+                if system == "dgl":
+                    dgl.seed(seed)
                 batches = seed_batches(dataset, args.batch_size, seed, args.speed_batches + args.warmup)
                 for batch in batches[: args.warmup]:
                     fn(*batch, seed)
@@ -210,7 +224,8 @@ def dgl_speed(dataset_name: str, fanouts: list[int], seeds: list[int], args) -> 
 
 
 def run_speed(datasets: list[str], seeds: list[int], args) -> list[dict]:
-    """Run ``dgl_speed`` in the DGL environment's python, one dataset per process."""
+    """Per dataset: our sampler in this process (this environment's torch), then DGL's and ours
+    again in the DGL environment's python (its older torch), one process per dataset."""
     env = dict(os.environ, DGLBACKEND="pytorch", OUTDATED_IGNORE="1")
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO), str(HERE.parents[1]), env.get("PYTHONPATH")])
@@ -219,6 +234,7 @@ def run_speed(datasets: list[str], seeds: list[int], args) -> list[dict]:
         env["OMP_NUM_THREADS"] = str(args.threads)
     rows = []
     for name in datasets:
+        rows.extend(speed_rows(name, args.fanouts, seeds, args, ["ours"]))
         with tempfile.TemporaryDirectory(prefix="mqgnn-labor-") as tmp:
             out = Path(tmp) / "speed.json"
             cmd = [
@@ -246,18 +262,23 @@ def run_speed(datasets: list[str], seeds: list[int], args) -> list[dict]:
 
 
 def speed_table(rows: list[dict]) -> list[str]:
+    """One line per dataset and variant: ours in this environment, ours in the DGL environment,
+    DGL's, the ratio DGL / ours (this environment), input vertices of ours and DGL's."""
+    other = next((r["system"] for r in rows if r["system"].startswith("ours (")), "ours (DGL env)")
     table = [
-        "| dataset | variant | ours ms / batch | DGL ms / batch | DGL / ours | ours input vertices | "
-        "DGL input vertices |",
-        "|---|---|---|---|---|---|---|",
+        f"| dataset | variant | ours ms / batch | {other} ms / batch | DGL ms / batch | DGL / ours | "
+        "ours input vertices | DGL input vertices |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for dataset, variant in dict.fromkeys((r["dataset"], r["variant"]) for r in rows):
         group = [r for r in rows if (r["dataset"], r["variant"]) == (dataset, variant)]
         ours = [r for r in group if r["system"] == "ours"]
+        there = [r for r in group if r["system"] == other]
         dgl = [r for r in group if r["system"] == "dgl"]
         ratio = statistics.mean(r["ms"] for r in dgl) / statistics.mean(r["ms"] for r in ours)
         table.append(
-            f"| {dataset} | {variant} | {pm([r['ms'] for r in ours], 2)} | {pm([r['ms'] for r in dgl], 2)} | "
+            f"| {dataset} | {variant} | {pm([r['ms'] for r in ours], 2)} | "
+            f"{pm([r['ms'] for r in there], 2) if there else '-'} | {pm([r['ms'] for r in dgl], 2)} | "
             f"{ratio:.2f}x | {pm([r['inputs'] for r in ours], 0)} | {pm([r['inputs'] for r in dgl], 0)} |"
         )
     return table
@@ -296,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.dgl_speed:
-        rows = [row for name in datasets for row in dgl_speed(name, args.fanouts, seeds, args)]
+        rows = [
+            row for name in datasets for row in speed_rows(name, args.fanouts, seeds, args, ["ours", "dgl"])
+        ]
         args.json.write_text(json.dumps(rows))
         return 0
 
