@@ -319,6 +319,7 @@ class LaborSampler:
         importance_sampling: int = 0,
         estimator: str = "hajek",
         normalization: str = "graph",
+        layer_dependency: bool = False,
     ):
         check_labor_arguments(aggregation, estimator, importance_sampling)
         if normalization not in NORMALIZATIONS:
@@ -333,6 +334,7 @@ class LaborSampler:
         self.importance_sampling = int(importance_sampling)
         self.estimator = estimator
         self.normalization = normalization
+        self.layer_dependency = bool(layer_dependency)
         self.num_layers = len(self.fanouts)
         self._norm = gcn_norm(graph) if aggregation == "gcn" else None
         exact_mass = estimator == "hajek" and normalization == "graph"
@@ -342,12 +344,17 @@ class LaborSampler:
         self._workspace = Workspace()
 
     def sample(self, seeds: Tensor) -> MiniBatch:
-        return sample_top_down(seeds, self.fanouts, self._sample_layer)
+        shared = draw_layer_seed() if self.layer_dependency else None
+        return sample_top_down(
+            seeds, self.fanouts, lambda dst, fanout: self._sample_layer(dst, fanout, shared)
+        )
 
-    def _sample_layer(self, dst: Tensor, fanout: int) -> tuple[Block, Tensor]:
+    def _sample_layer(self, dst: Tensor, fanout: int, seed: int | None = None) -> tuple[Block, Tensor]:
+        """One layer's block; ``seed`` the hash seed of its variates (a fresh one when None)."""
         cand, _ = in_edge_candidates(self.graph, dst, self._workspace)
+        seed = draw_layer_seed() if seed is None else seed
         keep, rows, prob = labor_sample(
-            cand, fanout, self.importance_sampling, self._sources, draw_layer_seed(), self._workspace
+            cand, fanout, self.importance_sampling, self._sources, seed, self._workspace
         )
         src = cand.src.index_select(0, keep)
         counts = torch.bincount(rows, minlength=dst.numel())

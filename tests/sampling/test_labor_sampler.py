@@ -375,15 +375,16 @@ def test_gns_labor_upper_layers_are_labor_samplers_layers():
 
 
 @pytest.mark.parametrize(
-    ("model", "aggregation", "rounds", "normalization"),
+    ("model", "aggregation", "rounds", "normalization", "dependent"),
     [
-        ("labor_sage", "mean", 0, "graph"),
-        ("labor_gcn", "gcn", 0, "graph"),
-        ("labor_star_sage", "mean", -1, "graph"),
-        ("labor_star_gcn", "gcn", -1, "graph"),
+        ("labor_sage", "mean", 0, "graph", False),
+        ("labor_gcn", "gcn", 0, "graph", False),
+        ("labor_star_sage", "mean", -1, "graph", False),
+        ("labor_star_gcn", "gcn", -1, "graph", False),
+        ("labor_star_dep_sage", "mean", -1, "graph", True),
     ],
 )
-def test_labor_model_configs_build_their_sampler(model, aggregation, rounds, normalization):
+def test_labor_model_configs_build_their_sampler(model, aggregation, rounds, normalization, dependent):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
@@ -395,6 +396,7 @@ def test_labor_model_configs_build_their_sampler(model, aggregation, rounds, nor
     sampler = instantiate(cfg.model.sampler)(graph=random_graph())
     module = instantiate(cfg.model.module)(in_dim=8, num_classes=3)
     assert isinstance(sampler, LaborSampler) and cfg.model.name == model
+    assert sampler.layer_dependency is dependent
     assert (sampler.aggregation, sampler.importance_sampling, sampler.normalization) == (
         aggregation,
         rounds,
@@ -460,3 +462,31 @@ def test_candidates_in_a_workspace_sample_as_the_allocating_path():
         a = labor_sample(plain, 4, rounds, index, seed=17)
         b = labor_sample(buffered, 4, rounds, index, seed=17, workspace=ws)
         assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_layer_dependency_shares_one_seed_across_the_layers_of_a_batch(monkeypatch):
+    import lightning_mqgnn.sampling.labor as labor
+
+    graph = community_graph(seed=4)
+    seeds = torch.arange(0, graph.num_nodes, 5)
+    drawn = []
+    real = labor.draw_layer_seed
+    monkeypatch.setattr(labor, "draw_layer_seed", lambda: drawn.append(real()) or drawn[-1])
+    for dependent, per_batch in ((False, 2), (True, 1)):
+        sampler = LaborSampler(graph, [4, 4], "mean", layer_dependency=dependent)
+        drawn.clear()
+        torch.manual_seed(3)
+        batch = sampler.sample(seeds)
+        assert len(drawn) == per_batch
+        if dependent:  # the same blocks as both layers sampled from that one seed by hand
+            top, frontier = sampler._sample_layer(seeds, 4, drawn[0])
+            bottom, inputs = sampler._sample_layer(frontier, 4, drawn[0])
+            assert torch.equal(batch.input_nodes, inputs)
+            for ours, theirs in zip(batch.blocks, [bottom, top]):
+                assert torch.equal(ours.indices, theirs.indices) and torch.equal(ours.weights, theirs.weights)
+    sizes = {}
+    for dependent in (False, True):
+        sampler = LaborSampler(graph, [4, 4], "mean", layer_dependency=dependent)
+        torch.manual_seed(0)
+        sizes[dependent] = sum(sampler.sample(seeds).input_nodes.numel() for _ in range(20))
+    assert sizes[True] < sizes[False]
