@@ -152,10 +152,10 @@ class CandidateEdges:
             return torch.repeat_interleave(row_values, self.counts, output_size=total)
         first = torch.cumsum(self.counts, 0) - self.counts
         jumps = torch.diff(row_values.to(torch.int64), prepend=row_values.new_zeros(1, dtype=torch.int64))
-        inside = first < total  # trailing empty rows start past the end
-        out = workspace.take("per_edge", total, row_values.dtype, row_values.device).zero_()
-        out.index_add_(0, first[inside], jumps[inside].to(row_values.dtype))
-        return out.cumsum_(0)
+        # one slot past the end takes the jumps of trailing empty rows
+        out = workspace.take("per_edge", total + 1, row_values.dtype, row_values.device).zero_()
+        out.index_add_(0, first, jumps.to(row_values.dtype))
+        return out.cumsum_(0)[:total]
 
     def rows_at(self, positions: Tensor) -> Tensor:
         """The rows of the candidates at ``positions``: a binary search over the row ends when
