@@ -224,8 +224,8 @@ def speed_rows(
 
 
 def run_speed(datasets: list[str], seeds: list[int], args) -> list[dict]:
-    """Per dataset: our sampler in this process (this environment's torch), then DGL's and ours
-    again in the DGL environment's python (its older torch), one process per dataset."""
+    """Per dataset, each in a fresh process: our sampler in this environment's python (its torch),
+    then DGL's and ours again in the DGL environment's python (its older torch)."""
     env = dict(os.environ, DGLBACKEND="pytorch", OUTDATED_IGNORE="1")
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO), str(HERE.parents[1]), env.get("PYTHONPATH")])
@@ -234,30 +234,30 @@ def run_speed(datasets: list[str], seeds: list[int], args) -> list[dict]:
         env["OMP_NUM_THREADS"] = str(args.threads)
     rows = []
     for name in datasets:
-        rows.extend(speed_rows(name, args.fanouts, seeds, args, ["ours"]))
-        with tempfile.TemporaryDirectory(prefix="mqgnn-labor-") as tmp:
-            out = Path(tmp) / "speed.json"
-            cmd = [
-                args.dgl_python,
-                str(HERE),
-                "--dgl-speed",
-                f"--datasets={name}",
-                f"--seeds={','.join(map(str, seeds))}",
-                f"--fanouts={','.join(map(str, args.fanouts))}",
-                f"--batch-size={args.batch_size}",
-                f"--speed-batches={args.speed_batches}",
-                f"--warmup={args.warmup}",
-                f"--json={out}",
-                *([f"--threads={args.threads}"] if args.threads else []),
-            ]
-            proc = subprocess.run(
-                cmd, env=env, cwd=REPO, timeout=args.timeout, text=True, capture_output=True
-            )
-            if proc.returncode != 0:
-                tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
-                raise RuntimeError(f"DGL speed run on {name} failed:\n{tail}")
-            print(proc.stdout, end="", flush=True)
-            rows.extend(json.loads(out.read_text()))
+        for python, systems in ((sys.executable, "ours"), (args.dgl_python, "ours,dgl")):
+            with tempfile.TemporaryDirectory(prefix="mqgnn-labor-") as tmp:
+                out = Path(tmp) / "speed.json"
+                cmd = [
+                    python,
+                    str(HERE),
+                    f"--speed-of={systems}",
+                    f"--datasets={name}",
+                    f"--seeds={','.join(map(str, seeds))}",
+                    f"--fanouts={','.join(map(str, args.fanouts))}",
+                    f"--batch-size={args.batch_size}",
+                    f"--speed-batches={args.speed_batches}",
+                    f"--warmup={args.warmup}",
+                    f"--json={out}",
+                    *([f"--threads={args.threads}"] if args.threads else []),
+                ]
+                proc = subprocess.run(
+                    cmd, env=env, cwd=REPO, timeout=args.timeout, text=True, capture_output=True
+                )
+                if proc.returncode != 0:
+                    tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+                    raise RuntimeError(f"speed run of {systems} on {name} failed:\n{tail}")
+                print(proc.stdout, end="", flush=True)
+                rows.extend(json.loads(out.read_text()))
     return rows
 
 
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dgl-python", default=str(REPO / ".venv-dgl" / "bin" / "python"))
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--dgl-speed", action="store_true", help=argparse.SUPPRESS)  # inside the DGL env
+    parser.add_argument("--speed-of", help=argparse.SUPPRESS)  # one speed process: "ours" or "ours,dgl"
     parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     datasets, models = args.datasets.split(","), args.models.split(",")
@@ -316,10 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown parts {unknown}; choose from counts, train, speed")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.dgl_speed:
-        rows = [
-            row for name in datasets for row in speed_rows(name, args.fanouts, seeds, args, ["ours", "dgl"])
-        ]
+    if args.speed_of:
+        systems = args.speed_of.split(",")
+        rows = [row for name in datasets for row in speed_rows(name, args.fanouts, seeds, args, systems)]
         args.json.write_text(json.dumps(rows))
         return 0
 
@@ -347,5 +346,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # the DGL side: run_speed puts recipes/ on PYTHONPATH for ``benchmarks``
+if __name__ == "__main__":  # the speed processes: run_speed puts recipes/ on PYTHONPATH for ``benchmarks``
     sys.exit(main())
