@@ -26,7 +26,7 @@ def test_device_sampling_benchmark_smoke_runs(tmp_path):
     if not torch.cuda.is_available():  # on the CPU the device loader draws the sequential batches
         assert accuracy["device"]["test_metrics"] == accuracy["sequential"]["test_metrics"]
     assert "| salient | device |" in (tmp_path / "device_sampling.md").read_text()
-    # the host-sync census: every sampler counted, the relabelling's unique once per layer
+    # the host-sync census: every sampler counted
     syncs = result["host_syncs"]
     assert {r["sampler"] for r in syncs} == {
         "sage 15,10,5",
@@ -36,5 +36,8 @@ def test_device_sampling_benchmark_smoke_runs(tmp_path):
         "sage_gns 5,5",
     }
     assert not any("failed" in r["site"] for r in syncs)
-    unique = [r for r in syncs if r["sampler"] == "sage 15,10,5" and r["op"] == "unique"]
-    assert len(unique) == 1 and unique[0]["site"].startswith("base.py") and unique[0]["per_batch"] == 3.0
+    # on the CPU and a graph this small against a batch, the new sources are ordered through the
+    # byte map: its two nonzero once per layer, no unique
+    distinct = [r for r in syncs if r["sampler"] == "sage 15,10,5" and "_distinct" in r["site"]]
+    assert [(r["op"], r["per_batch"]) for r in distinct] == [("nonzero", 3.0), ("nonzero", 3.0)]
+    assert not any(r["op"] == "unique" for r in syncs if r["sampler"] == "sage 15,10,5")
