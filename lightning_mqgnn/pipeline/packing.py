@@ -27,11 +27,10 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.pipeline.transfer import pin_in_place
-from lightning_mqgnn.sampling.batch import Block, MiniBatch
+from lightning_mqgnn.sampling.batch import BLOCK_TENSORS, Block, MiniBatch
 
 _ALIGN = 64
 _BATCH_TENSORS = ("input_nodes", "output_nodes", "features", "labels", "cache_slots", "aggregated")
-_BLOCK_TENSORS = ("indptr", "indices", "weights")
 SLOT_HEADROOM = 1.25  # slots are this much bigger than the largest batch seen
 
 
@@ -98,7 +97,7 @@ class PackedBatch:
 def _named_tensors(batch: MiniBatch) -> list[tuple[str, Tensor | None]]:
     out = [(name, getattr(batch, name)) for name in _BATCH_TENSORS]
     for i, b in enumerate(batch.blocks):
-        out += [(f"block{i}.{name}", getattr(b, name)) for name in _BLOCK_TENSORS]
+        out += [(f"block{i}.{name}", getattr(b, name)) for name in BLOCK_TENSORS]
     return out
 
 
@@ -169,7 +168,9 @@ def unpack_batch(packed: PackedBatch) -> MiniBatch:
     """Zero-copy views into ``packed.buffer``."""
     buf, lay = packed.buffer, packed.layout
     blocks = [
-        Block(num_dst, num_src, *(_view(buf, lay[f"block{i}.{n}"]) for n in _BLOCK_TENSORS), dst_in_src=dis)
+        Block(
+            num_dst, num_src, dst_in_src=dis, **{n: _view(buf, lay[f"block{i}.{n}"]) for n in BLOCK_TENSORS}
+        )
         for i, (num_dst, num_src, dis) in enumerate(packed.block_info)
     ]
     kwargs = {name: _view(buf, lay[name]) for name in _BATCH_TENSORS}

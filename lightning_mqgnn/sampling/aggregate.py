@@ -3,8 +3,8 @@
 ``torch.sparse.mm`` on a fresh CSR tensor (a new one every mini-batch) paid MKL's per-matrix
 setup and transposed the matrix again in backward. ``embedding_bag(mode="sum",
 per_sample_weights=w)`` is exactly this weighted row sum, and ``Aᵀ g`` in backward is the same
-call on the transposed rows (one sort of the source ids), with no per-matrix setup, on CPU and
-CUDA alike. Only
+call on the transposed rows (one sort of the source ids, done by the producer when the block
+carries its transpose), with no per-matrix setup, on CPU and CUDA alike. Only
 ``h`` gets a gradient: block weights are sampling constants.
 """
 
@@ -14,19 +14,26 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+Transpose = tuple[Tensor, Tensor, Tensor]  # CSC of A: (src_indptr, src_rows, src_weights)
 
-def weighted_row_sum(indptr: Tensor, indices: Tensor, weights: Tensor, h: Tensor) -> Tensor:
-    """``A @ h`` for the CSR ``A = (indptr, indices, weights)`` of ``len(indptr) - 1`` rows."""
+
+def weighted_row_sum(
+    indptr: Tensor, indices: Tensor, weights: Tensor, h: Tensor, transpose: Transpose | None = None
+) -> Tensor:
+    """``A @ h`` for the CSR ``A = (indptr, indices, weights)`` of ``len(indptr) - 1`` rows;
+    ``transpose`` (``Block.with_transpose``) spares the backward its sort."""
     _check_constant(weights)
-    return _WeightedRowSum.apply(h, indptr, indices, weights.to(h.dtype))
+    return _WeightedRowSum.apply(h, indptr, indices, weights.to(h.dtype), transpose)
 
 
-def weighted_row_sum_with_self(indptr: Tensor, indices: Tensor, weights: Tensor, h: Tensor) -> Tensor:
+def weighted_row_sum_with_self(
+    indptr: Tensor, indices: Tensor, weights: Tensor, h: Tensor, transpose: Transpose | None = None
+) -> Tensor:
     """``[A @ h, h[:rows]]`` side by side, ``rows = len(indptr) - 1``: GraphSAGE's input to one
     GEMM (eq. 17). Its backward adds the self half's gradient into the first rows in place,
     where ``cat`` of a slice would build a zero-padded copy of ``h`` and add it."""
     _check_constant(weights)
-    return _WeightedRowSumWithSelf.apply(h, indptr, indices, weights.to(h.dtype))
+    return _WeightedRowSumWithSelf.apply(h, indptr, indices, weights.to(h.dtype), transpose)
 
 
 def _check_constant(weights: Tensor) -> None:
@@ -43,39 +50,49 @@ def row_sum(indices: Tensor, h: Tensor, offsets: Tensor, weights: Tensor) -> Ten
     return F.embedding_bag(indices, h, offsets, mode="sum", per_sample_weights=weights)
 
 
-def _transposed_row_sum(
-    indptr: Tensor, indices: Tensor, weights: Tensor, grad: Tensor, num_src: int
-) -> Tensor:
-    """``Aᵀ @ grad``: the same row sum over the edges grouped by source."""
+def transpose_of(indptr: Tensor, indices: Tensor, weights: Tensor, num_src: int) -> Transpose:
+    """The CSC of ``A``: the edges ordered by source (one sort), each with its destination row and
+    weight, and where each source's edges start."""
     counts = indptr[1:] - indptr[:-1]
     dst = torch.repeat_interleave(
         torch.arange(counts.numel(), device=counts.device), counts, output_size=indices.numel()
     )
     order = torch.argsort(indices)
-    src_counts = torch.bincount(indices, minlength=num_src)
-    offsets = torch.cumsum(src_counts, 0) - src_counts
-    return row_sum(dst.index_select(0, order), grad.contiguous(), offsets, weights.index_select(0, order))
+    src_counts = torch.zeros(num_src, dtype=torch.int64, device=indices.device)
+    src_counts.index_add_(0, indices, torch.ones_like(indices))
+    src_indptr = torch.zeros(num_src + 1, dtype=torch.int64, device=indices.device)
+    torch.cumsum(src_counts, 0, out=src_indptr[1:])
+    return src_indptr, dst.index_select(0, order), weights.index_select(0, order)
+
+
+def _transposed_row_sum(
+    indptr: Tensor, indices: Tensor, weights: Tensor, grad: Tensor, num_src: int, transpose: Transpose | None
+) -> Tensor:
+    """``Aᵀ @ grad``: the same row sum over the edges grouped by source."""
+    src_indptr, src_rows, src_weights = transpose or transpose_of(indptr, indices, weights, num_src)
+    return row_sum(src_rows, grad.contiguous(), src_indptr[:-1], src_weights.to(grad.dtype))
 
 
 class _WeightedRowSum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: Tensor, indptr: Tensor, indices: Tensor, weights: Tensor) -> Tensor:
-        ctx.save_for_backward(indptr, indices, weights)
+    def forward(ctx, h: Tensor, indptr: Tensor, indices: Tensor, weights: Tensor, transpose) -> Tensor:
+        ctx.save_for_backward(indptr, indices, weights, *(transpose or ()))
         ctx.num_src = h.shape[0]
         return row_sum(indices, h, indptr[:-1], weights)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None
-        indptr, indices, weights = ctx.saved_tensors
-        return _transposed_row_sum(indptr, indices, weights, grad, ctx.num_src), None, None, None
+            return None, None, None, None, None
+        indptr, indices, weights, *transpose = ctx.saved_tensors
+        grad_h = _transposed_row_sum(indptr, indices, weights, grad, ctx.num_src, tuple(transpose) or None)
+        return grad_h, None, None, None, None
 
 
 class _WeightedRowSumWithSelf(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: Tensor, indptr: Tensor, indices: Tensor, weights: Tensor) -> Tensor:
-        ctx.save_for_backward(indptr, indices, weights)
+    def forward(ctx, h: Tensor, indptr: Tensor, indices: Tensor, weights: Tensor, transpose) -> Tensor:
+        ctx.save_for_backward(indptr, indices, weights, *(transpose or ()))
         ctx.num_src = h.shape[0]
         rows = indptr.numel() - 1
         return torch.cat([row_sum(indices, h, indptr[:-1], weights), h[:rows]], 1)
@@ -83,9 +100,11 @@ class _WeightedRowSumWithSelf(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None
-        indptr, indices, weights = ctx.saved_tensors
+            return None, None, None, None, None
+        indptr, indices, weights, *transpose = ctx.saved_tensors
         width = grad.shape[1] // 2
-        grad_h = _transposed_row_sum(indptr, indices, weights, grad[:, :width], ctx.num_src)
+        grad_h = _transposed_row_sum(
+            indptr, indices, weights, grad[:, :width], ctx.num_src, tuple(transpose) or None
+        )
         grad_h[: grad.shape[0]] += grad[:, width:]
-        return grad_h, None, None, None
+        return grad_h, None, None, None, None

@@ -15,10 +15,13 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor
 
-from lightning_mqgnn.sampling.aggregate import weighted_row_sum, weighted_row_sum_with_self
+from lightning_mqgnn.sampling.aggregate import transpose_of, weighted_row_sum, weighted_row_sum_with_self
 
 # CSR sparse-dense products are what every layer runs on; torch's one-time beta notice is noise.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+
+
+BLOCK_TENSORS = ("indptr", "indices", "weights", "src_indptr", "src_rows", "src_weights")
 
 
 @dataclass
@@ -35,6 +38,10 @@ class Block:
     indices: Tensor  # int64 [nnz], in [0, num_src)
     weights: Tensor  # float32 [nnz]
     dst_in_src: bool = True
+    # the same edges grouped by source (CSC), for the backward of ``aggregate``: ``with_transpose``
+    src_indptr: Tensor | None = None  # int64 [num_src + 1]
+    src_rows: Tensor | None = None  # int64 [nnz], each edge's destination row
+    src_weights: Tensor | None = None  # float32 [nnz]
 
     @property
     def num_edges(self) -> int:
@@ -46,6 +53,20 @@ class Block:
         return torch.repeat_interleave(
             torch.arange(self.num_dst, device=self.indptr.device), counts, output_size=self.num_edges
         )
+
+    def with_transpose(self) -> Block:
+        """This block with its CSC filled in (``src_indptr``, ``src_rows``, ``src_weights``: the
+        edges ordered by source). The backward of ``aggregate`` computes ``Aᵀ g`` from it without
+        the sort it would otherwise run on the training step; producers build it when they sample."""
+        src_indptr, src_rows, src_weights = transpose_of(
+            self.indptr, self.indices, self.weights, self.num_src
+        )
+        return replace(self, src_indptr=src_indptr, src_rows=src_rows, src_weights=src_weights)
+
+    def _transpose(self) -> tuple[Tensor, Tensor, Tensor] | None:
+        if self.src_indptr is None:
+            return None
+        return self.src_indptr, self.src_rows, self.src_weights
 
     def adjacency(self) -> Tensor:
         """The weighted ``num_dst x num_src`` matrix as a sparse CSR tensor."""
@@ -61,7 +82,7 @@ class Block:
         """
         if h_src.shape[0] != self.num_src:
             raise ValueError(f"block expects {self.num_src} source rows, got {h_src.shape[0]}")
-        return weighted_row_sum(self.indptr, self.indices, self.weights, h_src)
+        return weighted_row_sum(self.indptr, self.indices, self.weights, h_src, self._transpose())
 
     def aggregate_with_self(self, h_src: Tensor) -> Tensor:
         """``[A_block @ h_src, h_src[:num_dst]]`` side by side (needs ``dst_in_src``), for a layer
@@ -70,11 +91,13 @@ class Block:
             raise ValueError(f"block expects {self.num_src} source rows, got {h_src.shape[0]}")
         if not self.dst_in_src:
             raise ValueError("aggregate_with_self needs destinations as a source prefix (dst_in_src)")
-        return weighted_row_sum_with_self(self.indptr, self.indices, self.weights, h_src)
+        return weighted_row_sum_with_self(self.indptr, self.indices, self.weights, h_src, self._transpose())
 
     def map(self, fn: Callable[[Tensor], Tensor]) -> Block:
         """Apply ``fn`` to every tensor (device moves, pinning)."""
-        return replace(self, indptr=fn(self.indptr), indices=fn(self.indices), weights=fn(self.weights))
+        return replace(
+            self, **{name: fn(t) for name in BLOCK_TENSORS if (t := getattr(self, name)) is not None}
+        )
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Block:
         return self.map(lambda t: t.to(device, non_blocking=non_blocking))

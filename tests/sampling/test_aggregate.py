@@ -85,3 +85,56 @@ def test_layers_give_the_same_result_in_either_order(conv, num_src):
     assert torch.allclose(layer(block, h), expected, atol=1e-10)
     # given destination features (inference over global ids) take the same path
     assert torch.allclose(layer(block, h, h[:20]), expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("with_self", [False, True])
+@pytest.mark.parametrize("max_deg", [6, 0])
+def test_a_block_carrying_its_transpose_has_the_same_gradients_bit_for_bit(with_self, max_deg):
+    block = random_block(40, 300, max_deg, seed=5)
+    block.dst_in_src = True
+    carried = block.with_transpose()
+    assert carried.src_indptr.tolist() == [
+        0,
+        *torch.bincount(block.indices, minlength=300).cumsum(0).tolist(),
+    ]
+    grads = []
+    for b in (block, carried):
+        h = torch.randn(300, 7, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        out = b.aggregate_with_self(h) if with_self else b.aggregate(h)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(2)))
+        grads.append(h.grad)
+    assert torch.equal(grads[0], grads[1])
+    a = dense(block)
+    g = torch.randn(40, 7, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    h = torch.randn(300, 7, dtype=torch.float64, requires_grad=True)
+    weighted_row_sum(block.indptr, block.indices, block.weights.double(), h, carried._transpose()).backward(g)
+    assert torch.allclose(h.grad, a.t() @ g, atol=1e-6)  # the carried float32 weights
+
+
+def test_the_transpose_travels_with_the_block():
+    from lightning_mqgnn.pipeline.packing import pack_batch, unpack_batch
+    from lightning_mqgnn.sampling.batch import MiniBatch
+
+    top = random_block(10, 40, 4, seed=7).with_transpose()
+    bottom = random_block(40, 90, 4, seed=8)
+    batch = MiniBatch(torch.arange(90), torch.arange(10), [bottom, top])
+    moved = unpack_batch(pack_batch(batch)).to("cpu")
+    assert moved.blocks[0].src_indptr is None
+    for name in ("indptr", "indices", "weights", "src_indptr", "src_rows", "src_weights"):
+        assert torch.equal(getattr(moved.blocks[1], name), getattr(top, name))
+
+
+def test_producers_give_the_layers_above_the_input_their_transpose():
+    from lightning_mqgnn.graph.csr import CSRGraph
+    from lightning_mqgnn.pipeline.produce import sample_batch
+    from lightning_mqgnn.sampling.neighbor import NeighborSampler
+
+    g = torch.Generator().manual_seed(0)
+    graph = CSRGraph.from_edges(
+        torch.randint(0, 200, (1500,), generator=g), torch.randint(0, 200, (1500,), generator=g), 200
+    )
+    batch = sample_batch(NeighborSampler(graph, [4, 3, 2], "mean"), torch.arange(20), rng_seed=3, index=0)
+    assert batch.blocks[0].src_indptr is None
+    for block in batch.blocks[1:]:
+        assert torch.equal(block.src_rows, block.with_transpose().src_rows)
+        assert int(block.src_indptr[-1]) == block.num_edges
