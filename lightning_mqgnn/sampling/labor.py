@@ -7,8 +7,8 @@ Poisson sampling with shared variates. Every candidate source ``t`` of a layer d
 needed by many rows is either taken for all of them or for none, and the number of distinct
 sources drops while every row alone behaves as under node-wise sampling. ``r_t`` comes from a
 counter-based hash of ``(layer seed, t)`` (MurmurHash3's 32-bit finaliser), the layer seed from
-torch's global generator: no sort or unique over the candidates is needed to share the draws, and a seeded
-process samples the same blocks.
+torch's global generator: no sort or unique over the candidates is needed to share the draws,
+and a seeded process samples the same blocks.
 
 Probabilities (equation numbers of the paper's arXiv version, arXiv:2210.13339).
 - LABOR-0: ``π_t = 1``, ``c_s = k / d_s``: ``k`` sampled neighbours per destination in
@@ -137,6 +137,11 @@ class CandidateEdges:
         return self.counts.to(torch.float64)
 
     @cached_property
+    def ends(self) -> Tensor:
+        """Where each row's candidates end (exclusive): the cumulative counts."""
+        return torch.cumsum(self.counts, 0)
+
+    @cached_property
     def rows(self) -> Tensor:
         """The row of every candidate."""
         rows = torch.arange(self.counts.numel(), device=self.src.device)
@@ -150,7 +155,7 @@ class CandidateEdges:
         total = self.src.numel()
         if workspace is None:
             return torch.repeat_interleave(row_values, self.counts, output_size=total)
-        first = torch.cumsum(self.counts, 0) - self.counts
+        first = self.ends - self.counts
         jumps = torch.diff(row_values.to(torch.int64), prepend=row_values.new_zeros(1, dtype=torch.int64))
         # one slot past the end takes the jumps of trailing empty rows
         out = workspace.take("per_edge", total + 1, row_values.dtype, row_values.device).zero_()
@@ -161,7 +166,7 @@ class CandidateEdges:
         """The rows of the candidates at ``positions``: a binary search over the row ends when
         the positions are few against the candidates, else a look-up in every row id."""
         if "rows" not in self.__dict__ and positions.numel() * SEARCH_PER_ROW_ID < self.src.numel():
-            return torch.searchsorted(torch.cumsum(self.counts, 0), positions, right=True)
+            return torch.searchsorted(self.ends, positions, right=True)
         return self.rows.index_select(0, positions)
 
 
