@@ -6,6 +6,7 @@ batch time, the training time and every rank's peak memory. Bad input ends with 
 
 from __future__ import annotations
 
+import gc
 import inspect
 import math
 import sys
@@ -96,6 +97,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
         max_steps=max_steps(cfg, batches),
         **validation_schedule(cfg.val_every_batches, batches, int(cfg.trainer.get("max_epochs") or -1)),
     )
+    # Everything built so far (imports, config, dataset, model: about 400k Python objects) lives
+    # for the whole run; freezing it keeps the cyclic collector from scanning it again, which a
+    # full collection otherwise does once early in training (about 0.2 s on 2 cores)
+    gc.freeze()
     trainer.fit(module, datamodule=datamodule)
     if checkpoint.best_model_path:
         result, best = {"val": float(checkpoint.best_model_score)}, "best"
