@@ -60,17 +60,14 @@ def uniform_subsets(n: Tensor, k: int) -> Tensor:
     is already in. Every subset comes out with probability ``1 / C(n, k)``, without rejection and
     without touching the row's other offsets.
     """
-    chosen = torch.empty(n.numel(), k, dtype=torch.int64, device=n.device)
-    generator = sampling_generator()
-    for step in range(k):
-        j = n - (k - step)
-        t = (
-            torch.rand(n.numel(), dtype=torch.float64, device=n.device, generator=generator) * (j + 1)
-        ).long()
-        if step:
-            t = torch.where((chosen[:, :step] == t.unsqueeze(1)).any(1), j, t)
-        chosen[:, step] = t
-    return chosen
+    # all k draws at once, step-major: on the CPU the same stream as one draw per step
+    j = (n - k).unsqueeze(0) + torch.arange(k, device=n.device).unsqueeze(1)  # [k, R]
+    draws = torch.rand(k, n.numel(), dtype=torch.float64, device=n.device, generator=sampling_generator())
+    chosen = (draws * (j + 1)).long()
+    for step in range(1, k):
+        taken = (chosen[:step] == chosen[step]).any(0)
+        torch.where(taken, j[step], chosen[step], out=chosen[step])
+    return chosen.t()
 
 
 def sampled_block(
