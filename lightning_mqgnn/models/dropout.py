@@ -10,8 +10,10 @@ element, i.e. ``p`` rounded to a multiple of 2^-16. Kept entries are scaled by t
 ``F.dropout(F.relu(h))``.
 
 ReLU and the mask share one autograd node: ``relu(h) * m == max(h * m, 0)`` because ``m >= 0``, so
-forward is one product and an in-place clamp, backward one product thresholded on the output
-(four passes over the hidden layer instead of seven, and no boolean mask kept).
+forward is one product and an in-place clamp. Every kept entry has the same scale ``s``, and an
+output is positive exactly where the entry was kept and ``h > 0``, so the gradient ``m * g`` on
+those entries is ``s * g`` where the output is positive: backward reads the output only, and the
+mask is freed as soon as forward is done.
 """
 
 from __future__ import annotations
@@ -64,6 +66,11 @@ def _byte_table(bits: int, dropped: int) -> Tensor:
     return _tables[key]
 
 
+def keep_scale(p: float) -> float:
+    """The value of a kept entry of the CPU mask: ``1 / (1 - quantised_drop_probability(p))``."""
+    return 1.0 / (1.0 - quantised_drop_probability(p))
+
+
 def random_keep_mask(shape: torch.Size, p: float, generator: torch.Generator | None = None) -> Tensor:
     """A float32 mask: 0 with probability ``quantised_drop_probability(p)``, else 1/(1 - that)."""
     n = math.prod(shape)
@@ -79,20 +86,22 @@ def random_keep_mask(shape: torch.Size, p: float, generator: torch.Generator | N
 
 
 class _ReLUMasked(torch.autograd.Function):
-    """``max(h * mask, 0)`` with the gradient ``mask * g`` where the output is positive."""
+    """``max(h * mask, 0)`` for a mask of zeros and ``scale``, with the gradient ``scale * g``
+    where the output is positive."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, mask: Tensor) -> Tensor:
+    def forward(ctx, h: Tensor, mask: Tensor, scale: float) -> Tensor:
         out = torch.mul(h, mask).clamp_min_(0.0)
-        ctx.save_for_backward(out, mask)
+        ctx.save_for_backward(out)
+        ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        out, mask = ctx.saved_tensors
-        grad_h = torch.mul(grad, mask)
+        (out,) = ctx.saved_tensors
+        grad_h = torch.mul(grad, ctx.scale)
         torch.ops.aten.threshold_backward.grad_input(grad_h, out, 0.0, grad_input=grad_h)
-        return grad_h, None
+        return grad_h, None, None
 
 
 class ReLUDropout(nn.Module):
@@ -109,7 +118,7 @@ class ReLUDropout(nn.Module):
             return torch.relu(h)
         if h.device.type != "cpu" or h.dtype != torch.float32:
             return F.dropout(torch.relu(h), self.p, training=True)
-        return _ReLUMasked.apply(h, random_keep_mask(h.shape, self.p))
+        return _ReLUMasked.apply(h, random_keep_mask(h.shape, self.p), keep_scale(self.p))
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

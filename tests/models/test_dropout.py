@@ -7,6 +7,7 @@ from torch.nn import functional as F
 
 from lightning_mqgnn.models.dropout import (
     ReLUDropout,
+    keep_scale,
     mask_bits,
     quantised_drop_probability,
     random_keep_mask,
@@ -55,6 +56,7 @@ def test_relu_dropout_is_relu_times_the_mask_with_its_gradient(p):
     out.backward(grad)
     torch.manual_seed(5)
     mask = random_keep_mask(h.shape, p)
+    assert set(mask.unique().tolist()) == {0.0, torch.tensor(keep_scale(p)).float().item()}
     assert torch.equal(out.detach(), torch.relu(h.detach()) * mask)
     assert torch.equal(h.grad, grad * mask * (h.detach() > 0))
     torch.manual_seed(5)
