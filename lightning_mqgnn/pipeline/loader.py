@@ -172,7 +172,10 @@ class PipelinedLoader(Planned):
     def prime(self) -> None:
         """Start the workers and a head start for the coming epoch now (``setup("fit")``), so the
         first epoch's first batches are made while Lightning sets up and runs its sanity check.
-        Called from the training thread before any epoch runs: it submits the tasks itself."""
+        Called from the training thread before any epoch runs: it submits the tasks itself.
+        Nothing to do while the training thread is to produce the first epoch."""
+        if self.producer_choice.producer() != "workers":
+            return
         self._ensure_started()
         plan = self.plan()
         head = self._open_head_start(plan, plan.epoch)
@@ -258,6 +261,7 @@ class _EpochRun:
         self._threads_before: int | None = None
         self._opened_by: _HeadStart | None = None
         self.producer: str | None = None  # "workers" or "trainer", fixed at the epoch's start
+        self._narrow = False  # the step of the batch last returned runs on the workers' leftover threads
         self._next_index = 0  # the next batch the training thread makes itself
 
     def _start(self) -> None:
@@ -395,28 +399,43 @@ class _EpochRun:
         return batch
 
     def _produce_here(self) -> MiniBatch:
-        """The next batch, sampled and gathered in the training thread (the sequential loop's way)."""
+        """The next batch, sampled and gathered in the training thread (the sequential loop's way).
+        While the producer choice probes, the step after it runs on the threads the workers would
+        leave, and is timed at the next request."""
         index = self._next_index
         if index >= len(self.batches):
             self.done = True
+            self._restore_threads()
             raise StopIteration
         loader = self.loader
+        choice = loader.producer_choice
         start = time.perf_counter()
+        after_narrow_step = self._narrow
+        if after_narrow_step:
+            choice.observe_narrow_step(start - self._last_return)
+            self._restore_threads()
         batch = loader.source.produce_here(self.epoch, index, self.batches[index])
         batch = loader.mover.hand_over(*loader.mover.to_device(batch))
         batch.meta.update(wait_s=time.perf_counter() - start, epoch=self.epoch, producer="trainer")
         self._next_index += 1
-        self._returned(index)
+        self._returned(index, timed=not after_narrow_step)
+        # never the epoch's last step: validation may follow it, on every thread
+        if choice.probing() and index < len(self.batches) - 1:
+            self._threads_before = torch.get_num_threads()
+            limit_training_threads(self.ranks_on_node, loader.num_workers, loader.settings.worker_threads)
+            self._narrow = True
         return batch
 
-    def _returned(self, index: int) -> None:
-        """Batch ``index`` goes to the training loop: time it since the previous one (step + wait)."""
+    def _returned(self, index: int, timed: bool = True) -> None:
+        """Batch ``index`` goes to the training loop: time it since the previous one (step + wait),
+        unless that step ran on fewer threads than the producer's epochs train on."""
         now = time.perf_counter()
-        if self._last_return is not None:
+        if self._last_return is not None and timed:
             self.loader.producer_choice.observe(self.producer, index, now - self._last_return)
         self._last_return = now
 
     def _restore_threads(self) -> None:
+        self._narrow = False
         if self._threads_before is not None:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None

@@ -2,10 +2,12 @@
 
 With workers, the training step runs on the cores they leave free; on a machine with few cores
 that can cost the step more than the overlap gains (2 cores: one worker, and a step on one thread
-instead of two). Producing in the training thread is the sequential
-loop's way: sample, gather, then a step on every core. Which is faster depends on the measured
-stage costs, so the loader times both on whole epochs, the workers first, and keeps the faster.
-Batches are the same either way (each is seeded from seed, epoch and index).
+instead of two). Producing in the training thread is the sequential loop's way: sample, gather,
+then a step on every core. Which is faster depends on the measured stage costs, so the loader
+times the training thread first, then a few steps on the threads the workers would leave, and
+only starts the workers when those steps leave them room to win. Batches are the same either way
+(each is seeded from seed, epoch and index), and so is training: a step gives the same result on
+any number of threads.
 """
 
 from __future__ import annotations
@@ -18,16 +20,21 @@ PRODUCERS = ("auto", "workers")
 
 @dataclass
 class ProducerChoice:
-    """``auto``: epochs run on the workers until ``samples`` batch times are in, then in the
-    training thread until as many are, then on whichever had the lower median batch time (the
-    time between two batches reaching the training loop, both the step and the wait for data).
-    The first ``skip`` batches of an epoch are not timed (empty queues, thread-count changes).
+    """``auto``: the training thread produces until ``samples`` batch times are in (the time
+    between two batches reaching the training loop: sampling, gathering and the step on every
+    core), then runs ``probes`` + 1 steps on the threads the workers would leave (the first, after
+    the switch, untimed). A batch from the workers takes at least such a step, so when the median
+    probe is no faster than the median batch the workers are never started; else epochs run on
+    the workers until as many batch times are in, and the lower median wins for good. The first
+    ``skip`` batches of an epoch are not timed (empty queues, thread-count changes).
     ``workers``: always the workers."""
 
     policy: str = "auto"
     samples: int = 6
+    probes: int = 3
     skip: int = 2
     times: dict[str, list[float]] = field(default_factory=lambda: {"workers": [], "trainer": []})
+    narrow_steps: list[float] = field(default_factory=list)
     chosen: str | None = None
 
     def __post_init__(self):
@@ -40,15 +47,36 @@ class ProducerChoice:
         """Who produces the coming epoch."""
         if self.chosen is not None:
             return self.chosen
+        if len(self.times["trainer"]) < self.samples or self.probing():
+            return "trainer"
+        if self.workers_cannot_win():
+            self.chosen = "trainer"
+            return self.chosen
         if len(self.times["workers"]) < self.samples:
             return "workers"
-        if len(self.times["trainer"]) < self.samples:
-            return "trainer"
         medians = {who: statistics.median(t) for who, t in self.times.items()}
         self.chosen = min(medians, key=medians.get)
         return self.chosen
 
+    def probing(self) -> bool:
+        """Whether the training thread's next step should run on the threads the workers leave."""
+        return (
+            self.chosen is None
+            and len(self.times["trainer"]) >= self.samples
+            and len(self.narrow_steps) < self.probes + 1
+        )
+
+    def workers_cannot_win(self) -> bool:
+        """A step on the workers' leftover threads is no faster than a whole batch made here."""
+        return statistics.median(self.narrow_steps[1:]) >= statistics.median(self.times["trainer"])
+
     def observe(self, producer: str, index: int, seconds: float) -> None:
-        """Batch ``index`` of an epoch produced by ``producer`` took ``seconds`` to reach the loop."""
-        if self.chosen is None and index >= self.skip:
+        """Batch ``index`` of an epoch produced by ``producer`` took ``seconds`` to reach the
+        loop, after a step on every thread the loop had."""
+        if self.chosen is None and index >= self.skip and not self.probing():
             self.times[producer].append(seconds)
+
+    def observe_narrow_step(self, seconds: float) -> None:
+        """A training step on the threads the workers would leave took ``seconds``."""
+        if self.probing():
+            self.narrow_steps.append(seconds)

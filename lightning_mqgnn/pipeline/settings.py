@@ -21,8 +21,9 @@ class PipelineSettings:
     device queue of ``queue_size`` batches (an int, or ``"auto"`` for eq. 24-25, estimated after
     ``warmup_batches`` over windows of ``window_batches``, leaving ``memory_margin`` of the peak
     free). ``start_method``/``worker_threads``: how workers start and how many threads each uses.
-    ``producer="auto"`` times epochs made by the workers against epochs made in the training
-    thread and keeps the faster (``ProducerChoice``); ``"workers"`` always uses the workers.
+    ``producer="auto"`` times the training thread making the batches, and the workers only where
+    its steps on their leftover threads leave them room to be faster, then keeps the faster
+    (``ProducerChoice``); ``"workers"`` always uses the workers.
     """
 
     num_workers: int | None = None

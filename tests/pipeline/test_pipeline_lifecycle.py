@@ -15,6 +15,7 @@ import torch
 from helpers.paths import HELPERS
 from helpers.pipeline import (
     FailInWorkerSampler,
+    SlowSampler,
     assert_gone,
     live_children,
     make_trainer,
@@ -33,7 +34,9 @@ def ds():
 
 
 def pipeline_dm(ds, sampler=None, **kw):
+    """A pipelined DataModule whose epochs all come from two workers (their lifecycle is tested)."""
     sampler = sampler or NeighborSampler(ds.graph, [5, 5])
+    kw.setdefault("producer", "workers")
     return MQGNNDataModule(ds, sampler, batch_size=64, mode="pipeline", num_workers=2, **kw)
 
 
@@ -168,14 +171,21 @@ def test_workers_exit_when_the_training_process_is_killed(tmp_path, start_method
 
 
 def train_both_modes(
-    ds, epochs: int, num_workers: int, seed: int, model_seed: int, callbacks=(), producer: str = "workers"
+    ds,
+    epochs: int,
+    num_workers: int,
+    seed: int,
+    model_seed: int,
+    callbacks=(),
+    producer: str = "workers",
+    make_sampler=lambda graph: NeighborSampler(graph, [5, 5]),
 ):
     """Parameters after training in each mode, and the pipelined DataModule."""
     params = {}
     for mode in ("sequential", "pipeline"):
         dm = MQGNNDataModule(
             ds,
-            NeighborSampler(ds.graph, [5, 5]),
+            make_sampler(ds.graph),
             batch_size=128,
             mode=mode,
             num_workers=num_workers,
@@ -199,20 +209,75 @@ def test_pipeline_trains_exactly_like_the_sequential_loop(ds):
     assert torch.equal(pa, pb)
 
 
-def test_auto_producer_times_workers_then_the_trainer_keeps_the_faster_and_trains_identically(ds):
-    # 7 batches an epoch, the first 2 untimed: two epochs on the workers give the 8 timings,
-    # then two in the training thread, then the faster for good; batches stay the sequential ones
+def test_auto_producer_tries_the_workers_when_narrow_steps_leave_them_room(ds):
+    # 7 batches an epoch, the first 2 untimed: epoch 0 and the first timed batch of epoch 1 give
+    # the training thread's 6 timings, the next 4 steps of epoch 1 run on the thread the worker
+    # leaves (the first untimed); sampling sleeps 20 ms, far above such a step, so epochs 2 and 3
+    # run on the worker, then the faster is kept for good; batches stay the sequential ones
     rec = Recorder()
     params, dm = train_both_modes(
-        ds, epochs=6, num_workers=1, seed=3, model_seed=4, callbacks=[rec], producer="auto"
+        ds,
+        epochs=6,
+        num_workers=1,
+        seed=3,
+        model_seed=4,
+        callbacks=[rec],
+        producer="auto",
+        make_sampler=lambda graph: SlowSampler(graph, [5, 5], delay_s=0.02),
     )
     assert dm.num_train_batches() == 7
     choice = dm.pipeline_loader.producer_choice
-    assert [len(t) for t in choice.times.values()] == [10, 10]
+    assert len(choice.narrow_steps) == choice.probes + 1
+    # the choice is made once 6 worker timings are in, when epoch 3's tasks are all out
+    assert len(choice.times["trainer"]) == 6 and 6 <= len(choice.times["workers"]) <= 10
     assert choice.chosen in ("workers", "trainer")
-    assert [rec.producers[e] for e in range(6)] == [{"workers"}] * 2 + [{"trainer"}] * 2 + [
+    assert [rec.producers[e] for e in range(6)] == [{"trainer"}] * 2 + [{"workers"}] * 2 + [
         {choice.chosen}
     ] * 2
+    assert torch.equal(params["sequential"][1], params["pipeline"][1])
+
+
+class SlowOnFewThreads(pl.Callback):
+    """A step that takes 50 ms more whenever the loader has narrowed the training threads (a
+    compute-bound step on a machine with few cores), and the thread count of every step."""
+
+    def __init__(self, full: int):
+        self.full = full
+        self.threads: dict[int, list[int]] = {}
+        self.at_validation: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        threads = torch.get_num_threads()
+        self.threads.setdefault(trainer.current_epoch, []).append(threads)
+        if threads < self.full:
+            time.sleep(0.05)
+
+    def on_validation_start(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.at_validation.append(torch.get_num_threads())
+
+
+def test_auto_producer_never_starts_workers_whose_leftover_threads_step_too_slowly(ds, monkeypatch):
+    from lightning_mqgnn.pipeline import workers
+
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(4)))
+    before = torch.get_num_threads()
+    slow, rec = SlowOnFewThreads(full=4), Recorder()
+    try:
+        torch.set_num_threads(4)
+        params, dm = train_both_modes(
+            ds, epochs=3, num_workers=2, seed=3, model_seed=4, callbacks=[slow, rec], producer="auto"
+        )
+        threads_after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    choice = dm.pipeline_loader.producer_choice
+    assert choice.chosen == "trainer" and choice.times["workers"] == []
+    assert rec.producers == {0: {"trainer"}, 1: {"trainer"}, 2: {"trainer"}} and rec.pids == set()
+    # epoch 1 steps batches 2-5 on the 2 threads two workers would leave; the last step of each
+    # epoch and every validation get all 4 back
+    assert slow.threads == {0: [4] * 7, 1: [4, 4, 2, 2, 2, 2, 4], 2: [4] * 7}
+    assert slow.at_validation == [4, 4, 4] and threads_after == 4
     assert torch.equal(params["sequential"][1], params["pipeline"][1])
 
 

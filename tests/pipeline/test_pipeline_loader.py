@@ -32,7 +32,13 @@ def test_pipeline_yields_the_sequential_batches_in_order(ds):
     before = live_children()
     seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=3)
     pipe = MQGNNDataModule(
-        ds, JitterSampler(ds.graph, [5, 5], 0.0), batch_size=128, seed=3, mode="pipeline", num_workers=2
+        ds,
+        JitterSampler(ds.graph, [5, 5], 0.0),
+        batch_size=128,
+        seed=3,
+        mode="pipeline",
+        num_workers=2,
+        producer="workers",
     )
     expected = list(SequentialLoader(seq.source))
     loader = pipe.train_dataloader()
@@ -71,6 +77,7 @@ def test_reused_slots_never_overwrite_a_batch_still_held(ds):
         num_workers=2,
         cpu_queue_size=2,
         queue_size=1,
+        producer="workers",
     )
     loader = pipe.train_dataloader()
     try:
@@ -129,7 +136,13 @@ def test_the_first_tasks_already_get_slots(ds):
     # one batch sampled in the trainer at start sizes the slots, so the tasks sent before any
     # result came back do not each need a fresh shared-memory segment
     dm = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64, mode="pipeline", num_workers=2, cpu_queue_size=6
+        ds,
+        NeighborSampler(ds.graph, [5, 5]),
+        batch_size=64,
+        mode="pipeline",
+        num_workers=2,
+        cpu_queue_size=6,
+        producer="workers",
     )
     loader = dm.train_dataloader()
     try:
@@ -249,7 +262,13 @@ def test_an_epoch_trains_on_the_free_cores_and_gives_the_threads_back(ds, monkey
     monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(8)))
     before = torch.get_num_threads()
     dm = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [3]), batch_size=256, mode="pipeline", num_workers=2, worker_threads=3
+        ds,
+        NeighborSampler(ds.graph, [3]),
+        batch_size=256,
+        mode="pipeline",
+        num_workers=2,
+        worker_threads=3,
+        producer="workers",
     )
     try:
         torch.set_num_threads(4)

@@ -19,6 +19,7 @@ def test_stage_times_are_logged_and_summarised(tmp_path):
         batch_size=64,
         mode="pipeline",
         num_workers=1,
+        producer="workers",  # the workers' stages (sample, gather, transfer) are timed
         queue_size="auto",
         warmup_batches=1,
         window_batches=3,

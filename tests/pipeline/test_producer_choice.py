@@ -1,4 +1,5 @@
-"""The rule that picks who produces an epoch's batches: workers first, then the training thread,
+"""The rule that picks who produces an epoch's batches: the training thread first, then a few
+steps on the threads the workers would leave, then the workers only where those leave them room,
 then whichever had the lower median batch time."""
 
 import pytest
@@ -11,19 +12,37 @@ def feed(choice: ProducerChoice, producer: str, seconds: list[float]) -> None:
         choice.observe(producer, index, s)
 
 
-@pytest.mark.parametrize(
-    ("workers_s", "trainer_s", "chosen"), [(0.02, 0.03, "workers"), (0.03, 0.02, "trainer")]
-)
-def test_each_producer_is_timed_then_the_faster_is_kept(workers_s, trainer_s, chosen):
-    choice = ProducerChoice(samples=4, skip=2)
-    assert choice.producer() == "workers"
-    feed(choice, "workers", [9.0, 9.0, workers_s, workers_s])  # the first two are not timed
+def probe(choice: ProducerChoice, seconds: list[float]) -> None:
+    for s in seconds:
+        assert choice.probing()
+        choice.observe_narrow_step(s)
+
+
+def test_workers_are_never_started_when_a_narrow_step_is_slower_than_a_whole_batch():
+    choice = ProducerChoice(samples=4, probes=2, skip=2)
+    assert choice.producer() == "trainer" and not choice.probing()
+    feed(choice, "trainer", [9.0, 9.0, 0.02, 0.02, 0.02])  # the first two are not timed
+    assert choice.producer() == "trainer" and not choice.probing()
+    feed(choice, "trainer", [9.0, 9.0, 0.02])
+    assert choice.probing() and choice.producer() == "trainer"
+    feed(choice, "trainer", [9.0, 9.0, 5.0])  # batch times are not taken while probing
+    probe(choice, [1.0, 0.03, 0.025])  # the first probe follows the thread switch: untimed
+    assert not choice.probing()
+    assert choice.producer() == "trainer" and choice.chosen == "trainer"
+    assert choice.times == {"workers": [], "trainer": [0.02] * 4}
+
+
+@pytest.mark.parametrize(("workers_s", "chosen"), [(0.015, "workers"), (0.03, "trainer")])
+def test_workers_are_timed_when_they_could_win_and_the_faster_is_kept(workers_s, chosen):
+    choice = ProducerChoice(samples=4, probes=2, skip=2)
+    feed(choice, "trainer", [9.0, 9.0, 0.02, 0.02, 0.02, 0.02])
+    probe(choice, [1.0, 0.012, 0.012])  # narrow steps faster than a batch: the workers may win
+    assert choice.producer() == "workers" and choice.chosen is None
+    feed(choice, "workers", [9.0, 9.0, workers_s, workers_s])
     assert choice.producer() == "workers"
     feed(choice, "workers", [9.0, 9.0, workers_s, 5.0])  # one outlier does not move a median
-    assert choice.producer() == "trainer"
-    feed(choice, "trainer", [9.0, 9.0, trainer_s, trainer_s, trainer_s, trainer_s])
-    assert choice.producer() == chosen
-    feed(choice, "workers" if chosen == "trainer" else "trainer", [0.0] * 10)  # no more timing
+    assert choice.producer() == chosen == choice.chosen
+    feed(choice, "trainer", [0.0] * 10)  # no more timing
     assert choice.producer() == chosen
 
 
@@ -31,5 +50,6 @@ def test_workers_policy_never_tries_the_trainer_and_bad_policies_are_refused():
     choice = ProducerChoice("workers", samples=1, skip=0)
     feed(choice, "workers", [1.0, 1.0])
     assert choice.producer() == "workers" and choice.times["workers"] == []
+    assert not choice.probing()
     with pytest.raises(ValueError, match="producer must be one of"):
         ProducerChoice("threads")
