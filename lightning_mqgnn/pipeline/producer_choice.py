@@ -23,16 +23,18 @@ class ProducerChoice:
     """``auto``: the training thread produces until ``samples`` batch times are in (the time
     between two batches reaching the training loop: sampling, gathering and the step on every
     core), then runs ``probes`` + 1 steps on the threads the workers would leave (the first, after
-    the switch, untimed). A batch from the workers takes at least such a step, so when the median
-    probe is no faster than the median batch the workers are never started; else epochs run on
-    the workers until as many batch times are in, and the lower median wins for good. The first
-    ``skip`` batches of an epoch are not timed (empty queues, thread-count changes).
-    ``workers``: always the workers."""
+    the switch, untimed). A batch from the workers takes at least such a step, and more beside
+    them on shared cores (a GCN step on amazon_computers_128, 2 cores: 9.5 ms alone on one thread,
+    15 ms a batch with a worker beside it), so unless the median probe is at least ``margin``
+    below the median batch the workers are never started; else epochs run on the workers until as
+    many batch times are in, and the lower median wins for good. The first ``skip`` batches of an
+    epoch are not timed (empty queues, thread-count changes). ``workers``: always the workers."""
 
     policy: str = "auto"
     samples: int = 6
     probes: int = 3
     skip: int = 2
+    margin: float = 0.2
     times: dict[str, list[float]] = field(default_factory=lambda: {"workers": [], "trainer": []})
     narrow_steps: list[float] = field(default_factory=list)
     chosen: str | None = None
@@ -67,8 +69,10 @@ class ProducerChoice:
         )
 
     def workers_cannot_win(self) -> bool:
-        """A step on the workers' leftover threads is no faster than a whole batch made here."""
-        return statistics.median(self.narrow_steps[1:]) >= statistics.median(self.times["trainer"])
+        """A step on the workers' leftover threads leaves them less than ``margin`` of a whole
+        batch made here to gain."""
+        narrow = statistics.median(self.narrow_steps[1:])
+        return narrow > (1.0 - self.margin) * statistics.median(self.times["trainer"])
 
     def observe(self, producer: str, index: int, seconds: float) -> None:
         """Batch ``index`` of an epoch produced by ``producer`` took ``seconds`` to reach the
