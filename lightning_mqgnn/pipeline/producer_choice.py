@@ -22,17 +22,16 @@ PRODUCERS = ("auto", "workers")
 class ProducerChoice:
     """``auto``: the training thread produces until ``samples`` batch times are in (the time
     between two batches reaching the training loop: sampling, gathering and the step on every
-    core), then runs ``probes`` + 1 steps on the threads the workers would leave (the first, after
-    the switch, untimed). A batch from the workers takes at least such a step, and more beside
-    them on shared cores (a GCN step on amazon_computers_128, 2 cores: 9.5 ms alone on one thread,
-    15 ms a batch with a worker beside it), so unless the median probe is at least ``margin``
-    below the median batch the workers are never started; else epochs run on the workers until as
-    many batch times are in, and the lower median wins for good. The first ``skip`` batches of an
+    core), then runs ``probes`` steps on the threads the workers would leave. A batch from the
+    workers takes at least such a step, and more with the workers beside it on the same cores, so
+    unless the median probe is at least ``margin`` below the median batch the workers are never
+    started; else epochs run on the workers until as many batch times are in, and the lower median
+    wins for good. The first ``skip`` batches of an
     epoch are not timed (empty queues, thread-count changes). ``workers``: always the workers."""
 
     policy: str = "auto"
     samples: int = 6
-    probes: int = 3
+    probes: int = 2
     skip: int = 2
     margin: float = 0.2
     times: dict[str, list[float]] = field(default_factory=lambda: {"workers": [], "trainer": []})
@@ -65,13 +64,13 @@ class ProducerChoice:
         return (
             self.chosen is None
             and len(self.times["trainer"]) >= self.samples
-            and len(self.narrow_steps) < self.probes + 1
+            and len(self.narrow_steps) < self.probes
         )
 
     def workers_cannot_win(self) -> bool:
         """A step on the workers' leftover threads leaves them less than ``margin`` of a whole
         batch made here to gain."""
-        narrow = statistics.median(self.narrow_steps[1:])
+        narrow = statistics.median(self.narrow_steps)
         return narrow > (1.0 - self.margin) * statistics.median(self.times["trainer"])
 
     def observe(self, producer: str, index: int, seconds: float) -> None:

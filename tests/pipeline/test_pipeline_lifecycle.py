@@ -211,8 +211,8 @@ def test_pipeline_trains_exactly_like_the_sequential_loop(ds):
 
 def test_auto_producer_tries_the_workers_when_narrow_steps_leave_them_room(ds):
     # 7 batches an epoch, the first 2 untimed: epoch 0 and the first timed batch of epoch 1 give
-    # the training thread's 6 timings, the next 4 steps of epoch 1 run on the thread the worker
-    # leaves (the first untimed); sampling sleeps 20 ms, far above such a step, so epochs 2 and 3
+    # the training thread's 6 timings, the next 2 steps of epoch 1 run on the thread the worker
+    # leaves; sampling sleeps 20 ms, far above such a step, so epochs 2 and 3
     # run on the worker, then the faster is kept for good; batches stay the sequential ones
     rec = Recorder()
     params, dm = train_both_modes(
@@ -227,9 +227,10 @@ def test_auto_producer_tries_the_workers_when_narrow_steps_leave_them_room(ds):
     )
     assert dm.num_train_batches() == 7
     choice = dm.pipeline_loader.producer_choice
-    assert len(choice.narrow_steps) == choice.probes + 1
-    # the choice is made once 6 worker timings are in, when epoch 3's tasks are all out
-    assert len(choice.times["trainer"]) == 6 and 6 <= len(choice.times["workers"]) <= 10
+    assert len(choice.narrow_steps) == choice.probes == 2
+    # the training thread's: epoch 0's batches 2-6, epoch 1's 2, 5 and 6 (3 and 4 follow narrow
+    # steps); the workers': the choice is made once 6 are in, when epoch 3's tasks are all out
+    assert len(choice.times["trainer"]) == 8 and 6 <= len(choice.times["workers"]) <= 10
     assert choice.chosen in ("workers", "trainer")
     assert [rec.producers[e] for e in range(6)] == [{"trainer"}] * 2 + [{"workers"}] * 2 + [
         {choice.chosen}
@@ -274,9 +275,9 @@ def test_auto_producer_never_starts_workers_whose_leftover_threads_step_too_slow
     choice = dm.pipeline_loader.producer_choice
     assert choice.chosen == "trainer" and choice.times["workers"] == []
     assert rec.producers == {0: {"trainer"}, 1: {"trainer"}, 2: {"trainer"}} and rec.pids == set()
-    # epoch 1 steps batches 2-5 on the 2 threads two workers would leave; the last step of each
-    # epoch and every validation get all 4 back
-    assert slow.threads == {0: [4] * 7, 1: [4, 4, 2, 2, 2, 2, 4], 2: [4] * 7}
+    # epoch 1 steps batches 2 and 3 on the 2 threads two workers would leave; the other steps and
+    # every validation get all 4
+    assert slow.threads == {0: [4] * 7, 1: [4, 4, 2, 2, 4, 4, 4], 2: [4] * 7}
     assert slow.at_validation == [4, 4, 4] and threads_after == 4
     assert torch.equal(params["sequential"][1], params["pipeline"][1])
 
