@@ -3,6 +3,7 @@ the process-table check."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -99,3 +100,29 @@ def make_trainer(callbacks=(), **kw):
     )
     opts.update(kw)
     return pl.Trainer(callbacks=list(callbacks), **opts)
+
+
+@contextlib.contextmanager
+def cores_and_threads(monkeypatch, cores: int, threads: int):
+    """The pipeline sees ``cores`` cores (worker counts and training threads follow from them) and
+    torch trains on ``threads``; torch's own count comes back afterwards."""
+    from lightning_mqgnn.pipeline import workers
+
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class ThreadsAtValidation(pl.Callback):
+    """The training threads at the start of every validation inside fit."""
+
+    def __init__(self):
+        self.at_validation: list[int] = []
+
+    def on_validation_start(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.at_validation.append(torch.get_num_threads())

@@ -16,7 +16,9 @@ from helpers.paths import HELPERS
 from helpers.pipeline import (
     FailInWorkerSampler,
     SlowSampler,
+    ThreadsAtValidation,
     assert_gone,
+    cores_and_threads,
     live_children,
     make_trainer,
     seeded_module,
@@ -238,14 +240,14 @@ def test_auto_producer_tries_the_workers_when_narrow_steps_leave_them_room(ds):
     assert torch.equal(params["sequential"][1], params["pipeline"][1])
 
 
-class SlowOnFewThreads(pl.Callback):
+class SlowOnFewThreads(ThreadsAtValidation):
     """A step that takes 50 ms more whenever the loader has narrowed the training threads (a
     compute-bound step on a machine with few cores), and the thread count of every step."""
 
     def __init__(self, full: int):
+        super().__init__()
         self.full = full
         self.threads: dict[int, list[int]] = {}
-        self.at_validation: list[int] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         threads = torch.get_num_threads()
@@ -253,25 +255,14 @@ class SlowOnFewThreads(pl.Callback):
         if threads < self.full:
             time.sleep(0.05)
 
-    def on_validation_start(self, trainer, pl_module):
-        if not trainer.sanity_checking:
-            self.at_validation.append(torch.get_num_threads())
-
 
 def test_auto_producer_never_starts_workers_whose_leftover_threads_step_too_slowly(ds, monkeypatch):
-    from lightning_mqgnn.pipeline import workers
-
-    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(4)))
-    before = torch.get_num_threads()
     slow, rec = SlowOnFewThreads(full=4), Recorder()
-    try:
-        torch.set_num_threads(4)
+    with cores_and_threads(monkeypatch, cores=4, threads=4):
         params, dm = train_both_modes(
             ds, epochs=3, num_workers=2, seed=3, model_seed=4, callbacks=[slow, rec], producer="auto"
         )
         threads_after = torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
     choice = dm.pipeline_loader.producer_choice
     assert choice.chosen == "trainer" and choice.times["workers"] == []
     assert rec.producers == {0: {"trainer"}, 1: {"trainer"}, 2: {"trainer"}} and rec.pids == set()

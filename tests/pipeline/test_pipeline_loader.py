@@ -4,7 +4,15 @@ device feature cache."""
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers.pipeline import SlowSampler, live_children, make_trainer, seeded_module, small_dataset
+from helpers.pipeline import (
+    SlowSampler,
+    ThreadsAtValidation,
+    cores_and_threads,
+    live_children,
+    make_trainer,
+    seeded_module,
+    small_dataset,
+)
 
 from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.pipeline.produce import produce_batch
@@ -244,23 +252,14 @@ def test_gns_cache_and_sampler_train_identically_in_both_modes(ds):
 def test_training_threads_leave_the_workers_their_cores(monkeypatch):
     from lightning_mqgnn.pipeline import workers
 
-    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(8)))
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(4)
+    with cores_and_threads(monkeypatch, cores=8, threads=4):
         # 8 cores, 2 ranks on the node -> 4 per rank; 1 worker x 2 threads leaves 2
         assert workers.limit_training_threads(2, num_workers=1, worker_threads=2) == 2
         assert workers.limit_training_threads(1, num_workers=1, worker_threads=1) == 2  # never raised
         assert workers.limit_training_threads(1, num_workers=8, worker_threads=1) == 1  # at least one
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_an_epoch_trains_on_the_free_cores_and_gives_the_threads_back(ds, monkeypatch):
-    from lightning_mqgnn.pipeline import workers
-
-    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(8)))
-    before = torch.get_num_threads()
     dm = MQGNNDataModule(
         ds,
         NeighborSampler(ds.graph, [3]),
@@ -270,45 +269,36 @@ def test_an_epoch_trains_on_the_free_cores_and_gives_the_threads_back(ds, monkey
         worker_threads=3,
         producer="workers",
     )
-    try:
-        torch.set_num_threads(4)
-        seen = [torch.get_num_threads() for _ in dm.train_dataloader()]
-        assert set(seen[:-1]) == {2}  # 8 cores - 2 workers x 3 threads
-        # the last batch leaves the workers idle: its step, and the validation Lightning starts
-        # without asking past the end of a sized loader, get every thread back
-        assert seen[-1] == 4 and torch.get_num_threads() == 4
-    finally:
-        dm.shutdown_pipeline()
-        torch.set_num_threads(before)
-
-
-class ThreadsAtValidation(pl.Callback):
-    def __init__(self):
-        self.threads = []
-
-    def on_validation_start(self, trainer, pl_module):
-        if not trainer.sanity_checking:
-            self.threads.append(torch.get_num_threads())
+    with cores_and_threads(monkeypatch, cores=8, threads=4):
+        try:
+            seen = [torch.get_num_threads() for _ in dm.train_dataloader()]
+            threads_after = torch.get_num_threads()
+        finally:
+            dm.shutdown_pipeline()
+    assert set(seen[:-1]) == {2}  # 8 cores - 2 workers x 3 threads
+    # the last batch leaves the workers idle: its step, and the validation Lightning starts
+    # without asking past the end of a sized loader, get every thread back
+    assert seen[-1] == 4 and threads_after == 4
 
 
 def test_validation_inside_fit_runs_with_every_thread(ds, monkeypatch):
-    from lightning_mqgnn.pipeline import workers
-
-    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(4)))
-    before = torch.get_num_threads()
     dm = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [3, 3]), batch_size=256, mode="pipeline", num_workers=2
+        ds,
+        NeighborSampler(ds.graph, [3, 3]),
+        batch_size=256,
+        mode="pipeline",
+        num_workers=2,
+        producer="workers",
     )
     probe = ThreadsAtValidation()
-    try:
-        torch.set_num_threads(3)
-        trainer = make_trainer([probe], max_epochs=2, limit_val_batches=1.0, num_sanity_val_steps=0)
-        trainer.fit(seeded_module(ds), dm)
-    finally:
-        dm.shutdown_pipeline()
+    with cores_and_threads(monkeypatch, cores=4, threads=3):
+        try:
+            trainer = make_trainer([probe], max_epochs=2, limit_val_batches=1.0, num_sanity_val_steps=0)
+            trainer.fit(seeded_module(ds), dm)
+        finally:
+            dm.shutdown_pipeline()
         threads_after = torch.get_num_threads()
-        torch.set_num_threads(before)
-    assert probe.threads == [3, 3] and threads_after == 3
+    assert probe.at_validation == [3, 3] and threads_after == 3
 
 
 def test_multi_threaded_workers_never_fork():
