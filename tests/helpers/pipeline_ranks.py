@@ -34,7 +34,13 @@ def main(out_dir: str, strategy: str) -> None:
     torch.set_num_threads(1)
     ds = small_dataset(1200)
     dm = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=100, mode="pipeline", num_workers=1, seed=2
+        ds,
+        NeighborSampler(ds.graph, [5, 5]),
+        batch_size=100,
+        mode="pipeline",
+        num_workers=1,
+        seed=2,
+        producer="workers",
     )
     trainer = make_trainer([SaveSeeds(out_dir)], max_epochs=2, devices=2, strategy=strategy)
     trainer.fit(seeded_module(ds), dm)

@@ -37,7 +37,9 @@ def test_loader_configs_instantiate_with_the_recipe_call_shape(ds, name, mode, l
 
 
 def test_datamodule_pickles_without_live_workers(ds):
-    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5]), batch_size=64, mode="pipeline", num_workers=1)
+    dm = MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [5]), batch_size=64, mode="pipeline", num_workers=1, producer="workers"
+    )
     loader = dm.train_dataloader()
     try:
         first = next(iter(loader))  # workers and transfer thread are running now

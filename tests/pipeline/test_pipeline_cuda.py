@@ -39,7 +39,13 @@ def test_side_stream_copy_is_complete_after_hand_over(ds):
 def test_pipeline_delivers_device_batches_equal_to_the_sequential_ones(ds):
     seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=4)
     pipe = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=4, mode="pipeline", num_workers=1
+        ds,
+        NeighborSampler(ds.graph, [5, 5]),
+        batch_size=128,
+        seed=4,
+        mode="pipeline",
+        num_workers=1,
+        producer="workers",
     )
     loader = pipe.train_dataloader()
     loader._device = "cuda"
@@ -88,7 +94,13 @@ def test_pipelined_fit_on_cuda_trains_and_reports_gpu_busy_time(ds):
     """A whole Lightning fit on the GPU through the pipeline (workers, side stream, queue): the stage timing and the
     GPU busy monitor both measure the run."""
     dm = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64, seed=1, mode="pipeline", num_workers=2
+        ds,
+        NeighborSampler(ds.graph, [5, 5]),
+        batch_size=64,
+        seed=1,
+        mode="pipeline",
+        num_workers=2,
+        producer="workers",
     )
     model = NodeClassifier(ds.num_features, ds.num_classes, conv="sage", hidden=64, lr=1e-2)
     busy, timing = GPUBusyMonitor(interval=0.01), StageTimingCallback(trim=0)

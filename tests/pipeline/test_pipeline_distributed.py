@@ -37,4 +37,5 @@ def test_two_cpu_ranks_train_on_disjoint_equal_shares(tmp_path, strategy):
         assert overlap <= 1  # disjoint except the single wrap-around pad of an odd split
         assert torch.unique(torch.cat([a, b])).numel() == train.numel()
     assert ranks[0]["rank_pid"] != ranks[1]["rank_pid"]
+    assert ranks[0]["pids"] and ranks[1]["pids"]  # each rank's epochs came from its workers
     assert_gone(ranks[0]["pids"] + ranks[1]["pids"])

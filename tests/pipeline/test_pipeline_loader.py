@@ -204,7 +204,13 @@ class Capture(pl.Callback):
 def test_feature_cache_is_refreshed_each_epoch_and_merged_before_the_model(ds, mode):
     cache = TinyCache(ds.num_nodes, 300)
     dm = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=256, mode=mode, num_workers=1, feature_cache=cache
+        ds,
+        NeighborSampler(ds.graph, [5, 5]),
+        batch_size=256,
+        mode=mode,
+        num_workers=1,
+        feature_cache=cache,
+        producer="workers",
     )
     cap = Capture()
     trainer = make_trainer([cap], max_epochs=2)
@@ -235,6 +241,7 @@ def test_gns_cache_and_sampler_train_identically_in_both_modes(ds):
             mode=mode,
             num_workers=1,
             feature_cache=cache,
+            producer="workers",
         )
         cap = Capture()
         trainer = make_trainer([cap], max_epochs=2)
