@@ -80,6 +80,9 @@ class ProducerChoice:
             self.times[producer].append(seconds)
 
     def observe_narrow_step(self, seconds: float) -> None:
-        """A training step on the threads the workers would leave took ``seconds``."""
+        """A training step on the threads the workers would leave took ``seconds``; the last probe
+        settles on the training thread at once when the workers cannot win."""
         if self.probing():
             self.narrow_steps.append(seconds)
+            if not self.probing() and self.workers_cannot_win():
+                self.chosen = "trainer"
