@@ -14,6 +14,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from lightning_mqgnn.sampling.stable_sort import stable_argsort
+
 Transpose = tuple[Tensor, Tensor, Tensor]  # CSC of A: (src_indptr, src_rows, src_weights)
 
 
@@ -51,13 +53,14 @@ def row_sum(indices: Tensor, h: Tensor, offsets: Tensor, weights: Tensor) -> Ten
 
 
 def transpose_of(indptr: Tensor, indices: Tensor, weights: Tensor, num_src: int) -> Transpose:
-    """The CSC of ``A``: the edges ordered by source (one sort), each with its destination row and
-    weight, and where each source's edges start."""
+    """The CSC of ``A``: the edges ordered by source (one stable sort: each source's edges keep
+    their row order), each with its destination row and weight, and where each source's edges
+    start."""
     counts = indptr[1:] - indptr[:-1]
     dst = torch.repeat_interleave(
         torch.arange(counts.numel(), device=counts.device), counts, output_size=indices.numel()
     )
-    order = torch.argsort(indices)
+    order = stable_argsort(indices)
     src_counts = torch.zeros(num_src, dtype=torch.int64, device=indices.device)
     src_counts.index_add_(0, indices, torch.ones_like(indices))
     src_indptr = torch.zeros(num_src + 1, dtype=torch.int64, device=indices.device)

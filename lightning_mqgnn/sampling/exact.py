@@ -8,6 +8,7 @@ from torch import Tensor
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.base import row_positions
 from lightning_mqgnn.sampling.batch import Block
+from lightning_mqgnn.sampling.stable_sort import stable_argsort
 
 AGGREGATIONS = ("gcn", "mean")
 
@@ -64,7 +65,7 @@ def full_block(graph: CSRGraph, dst: Tensor, weights: Tensor, self_weights: Tens
         local_dst = torch.cat([local_dst, torch.arange(dst.numel())])
         src = torch.cat([src, dst])
         w = torch.cat([w, self_weights[dst]])
-        order = torch.argsort(local_dst, stable=True)
+        order = stable_argsort(local_dst)
         src, w = src[order], w[order]
         counts = counts + 1
     indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
