@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from lightning_mqgnn.sampling.stable_sort import stable_argsort
+from lightning_mqgnn.sampling.radix_sort import stable_argsort
 
 Transpose = tuple[Tensor, Tensor, Tensor]  # CSC of A: (src_indptr, src_rows, src_weights)
 

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
+from lightning_mqgnn.sampling.radix_sort import sorted_distinct
 
 
 def row_positions(starts: Tensor, counts: Tensor, out: Tensor | None = None) -> Tensor:
@@ -126,7 +127,7 @@ class Relabeler:
         against them, without a sort: flag them in a byte map of all nodes, find the 8-byte words
         holding a flag, then the flags inside those words (the map is cleared again)."""
         if ids.is_cuda or self.num_nodes > SCAN_PER_SORTED_ID * ids.numel():
-            return torch.unique(ids)
+            return sorted_distinct(ids)
         if self._flags is None:
             self._flags = torch.zeros(-(-self.num_nodes // 8) * 8, dtype=torch.uint8)
         flags = self._flags

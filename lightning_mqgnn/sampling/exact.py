@@ -8,7 +8,7 @@ from torch import Tensor
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.base import row_positions
 from lightning_mqgnn.sampling.batch import Block
-from lightning_mqgnn.sampling.stable_sort import stable_argsort
+from lightning_mqgnn.sampling.radix_sort import stable_argsort
 
 AGGREGATIONS = ("gcn", "mean")
 

@@ -1,0 +1,47 @@
+"""Sorting integer ids at the speed of torch's radix sort.
+
+On the CPU torch sorts a tensor of fewer than 32,768 entries (its parallel grain) with a comparison
+sort and a longer integer tensor with a radix sort, so a mid-sized id array sorts several times
+slower than one twice its size; ``torch.unique`` of such an array is as slow. Both functions here
+pad an array in that range past the threshold with ids that sort after all others.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+RADIX_SORT_MIN = 32_768  # torch's CPU sort of integers takes its radix path from this length on
+PAD_FROM = 8_192  # shorter arrays sort faster as they are than padded to RADIX_SORT_MIN
+
+
+def _padded(ids: Tensor) -> Tensor | None:
+    """``ids`` followed by the dtype's largest value up to ``RADIX_SORT_MIN`` entries, when a CPU
+    sort of them is faster that way; else None."""
+    if ids.is_cuda or not PAD_FROM <= ids.numel() < RADIX_SORT_MIN:
+        return None
+    padded = ids.new_full((RADIX_SORT_MIN,), torch.iinfo(ids.dtype).max)
+    padded[: ids.numel()] = ids
+    return padded
+
+
+def stable_argsort(keys: Tensor) -> Tensor:
+    """Positions that order the 1-D integer ``keys`` ascending, equal keys in input order (so the
+    order does not depend on which algorithm ran). A real key equal to the pad value still sorts
+    before the padding: the sort is stable."""
+    padded = _padded(keys)
+    if padded is None:
+        return torch.sort(keys, stable=True).indices
+    return torch.sort(padded, stable=True).indices[: keys.numel()]
+
+
+def sorted_distinct(ids: Tensor) -> Tensor:
+    """``torch.unique(ids)``: the distinct values of the 1-D integer ``ids``, ascending."""
+    padded = _padded(ids)
+    if padded is None:
+        return torch.unique(ids)
+    values = torch.sort(padded).values[: ids.numel()]
+    first = torch.empty(values.numel(), dtype=torch.bool)
+    first[0] = True
+    torch.ne(values[1:], values[:-1], out=first[1:])
+    return values[first]
