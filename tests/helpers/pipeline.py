@@ -11,12 +11,21 @@ import lightning.pytorch as pl
 import psutil
 import torch
 
+from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.graph.generated import generate_graph
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 
 def small_dataset(num_nodes: int = 1500, seed: int = 0):
     return generate_graph("arxiv", seed=seed, num_nodes=num_nodes, num_features=16, num_classes=4)
+
+
+def worker_pipeline(ds, sampler=None, **kw) -> MQGNNDataModule:
+    """A pipelined DataModule whose every epoch comes from the sampler workers, for the tests of
+    their mechanics (the default producer choice may never start them). ``sampler``: uniform 5,5
+    node-wise sampling unless given; ``kw`` go to the DataModule."""
+    sampler = sampler if sampler is not None else NeighborSampler(ds.graph, [5, 5])
+    return MQGNNDataModule(ds, sampler, mode="pipeline", producer="workers", **kw)
 
 
 class FailInWorkerSampler(NeighborSampler):

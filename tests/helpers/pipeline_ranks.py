@@ -8,8 +8,7 @@ import lightning.pytorch as pl
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from helpers.pipeline import make_trainer, seeded_module, small_dataset  # noqa: E402
-from lightning_mqgnn.data import MQGNNDataModule  # noqa: E402
+from helpers.pipeline import make_trainer, seeded_module, small_dataset, worker_pipeline  # noqa: E402
 from lightning_mqgnn.sampling.neighbor import NeighborSampler  # noqa: E402
 
 
@@ -33,14 +32,12 @@ class SaveSeeds(pl.Callback):
 def main(out_dir: str, strategy: str) -> None:
     torch.set_num_threads(1)
     ds = small_dataset(1200)
-    dm = MQGNNDataModule(
+    dm = worker_pipeline(
         ds,
         NeighborSampler(ds.graph, [5, 5]),
         batch_size=100,
-        mode="pipeline",
         num_workers=1,
         seed=2,
-        producer="workers",
     )
     trainer = make_trainer([SaveSeeds(out_dir)], max_epochs=2, devices=2, strategy=strategy)
     trainer.fit(seeded_module(ds), dm)

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 from helpers.graphs import SHARED_DATA
-from helpers.pipeline import make_trainer, small_dataset
+from helpers.pipeline import make_trainer, small_dataset, worker_pipeline
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -269,14 +269,12 @@ def test_gat_trains_on_cora_through_the_pipeline():
     cora = load_npz(SHARED_DATA / "cora.npz")
     torch.manual_seed(0)
     model = PyGNodeClassifier(cora.num_features, cora.num_classes, gat_stack, dropout=0.5, lr=1e-2)
-    dm = MQGNNDataModule(
+    dm = worker_pipeline(
         cora,
         NeighborSampler(cora.graph, [5, 5]),
         batch_size=32,
-        mode="pipeline",
         num_workers=1,
         seed=0,
-        producer="workers",
         aggregate_inputs=True,
     )
     trainer = make_trainer(max_epochs=30)
@@ -300,7 +298,7 @@ def test_model_configs_build_matching_sampler_and_module(ds, name):
 def test_recipe_trains_a_pyg_model(tmp_path):
     """model=gat_pyg through recipes/train.py: the loader config asks for aggregated inputs, and
     the DataModule gathers feature rows for the PyG stack instead."""
-    from test_recipe import result_fields, run_recipe
+    from helpers.recipe import result_fields, run_recipe
 
     proc = run_recipe(
         tmp_path, "model=gat_pyg", "data.scale=0.005", "trainer.max_epochs=-1", "trainer.max_steps=3"

@@ -5,7 +5,7 @@ import pickle
 import pytest
 import torch
 from helpers.paths import CONF
-from helpers.pipeline import small_dataset
+from helpers.pipeline import small_dataset, worker_pipeline
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -37,9 +37,7 @@ def test_loader_configs_instantiate_with_the_recipe_call_shape(ds, name, mode, l
 
 
 def test_datamodule_pickles_without_live_workers(ds):
-    dm = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [5]), batch_size=64, mode="pipeline", num_workers=1, producer="workers"
-    )
+    dm = worker_pipeline(ds, NeighborSampler(ds.graph, [5]), batch_size=64, num_workers=1)
     loader = dm.train_dataloader()
     try:
         first = next(iter(loader))  # workers and transfer thread are running now

@@ -3,7 +3,7 @@ record_stream, device-side cache merge, and eq. 25 from torch.cuda.mem_get_info.
 
 import pytest
 import torch
-from helpers.pipeline import make_trainer, small_dataset
+from helpers.pipeline import make_trainer, small_dataset, worker_pipeline
 
 from lightning_mqgnn.callbacks import GPUBusyMonitor, StageTimingCallback
 from lightning_mqgnn.data import MQGNNDataModule
@@ -38,14 +38,12 @@ def test_side_stream_copy_is_complete_after_hand_over(ds):
 
 def test_pipeline_delivers_device_batches_equal_to_the_sequential_ones(ds):
     seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=4)
-    pipe = MQGNNDataModule(
+    pipe = worker_pipeline(
         ds,
         NeighborSampler(ds.graph, [5, 5]),
         batch_size=128,
         seed=4,
-        mode="pipeline",
         num_workers=1,
-        producer="workers",
     )
     loader = pipe.train_dataloader()
     loader._device = "cuda"
@@ -93,14 +91,12 @@ def test_memory_cap_inputs_come_from_the_device():
 def test_pipelined_fit_on_cuda_trains_and_reports_gpu_busy_time(ds):
     """A whole Lightning fit on the GPU through the pipeline (workers, side stream, queue): the stage timing and the
     GPU busy monitor both measure the run."""
-    dm = MQGNNDataModule(
+    dm = worker_pipeline(
         ds,
         NeighborSampler(ds.graph, [5, 5]),
         batch_size=64,
         seed=1,
-        mode="pipeline",
         num_workers=2,
-        producer="workers",
     )
     model = NodeClassifier(ds.num_features, ds.num_classes, conv="sage", hidden=64, lr=1e-2)
     busy, timing = GPUBusyMonitor(interval=0.01), StageTimingCallback(trim=0)

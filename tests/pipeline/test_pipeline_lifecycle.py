@@ -23,6 +23,7 @@ from helpers.pipeline import (
     make_trainer,
     seeded_module,
     small_dataset,
+    worker_pipeline,
 )
 
 from lightning_mqgnn.data import MQGNNDataModule
@@ -36,10 +37,8 @@ def ds():
 
 
 def pipeline_dm(ds, sampler=None, **kw):
-    """A pipelined DataModule whose epochs all come from two workers (their lifecycle is tested)."""
-    sampler = sampler or NeighborSampler(ds.graph, [5, 5])
-    kw.setdefault("producer", "workers")
-    return MQGNNDataModule(ds, sampler, batch_size=64, mode="pipeline", num_workers=2, **kw)
+    """Two workers make every epoch (their lifecycle is what is tested)."""
+    return worker_pipeline(ds, sampler, batch_size=64, num_workers=2, **kw)
 
 
 class Recorder(pl.Callback):

@@ -12,6 +12,7 @@ from helpers.pipeline import (
     make_trainer,
     seeded_module,
     small_dataset,
+    worker_pipeline,
 )
 
 from lightning_mqgnn.data import MQGNNDataModule
@@ -39,14 +40,12 @@ class JitterSampler(SlowSampler):
 def test_pipeline_yields_the_sequential_batches_in_order(ds):
     before = live_children()
     seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=3)
-    pipe = MQGNNDataModule(
+    pipe = worker_pipeline(
         ds,
         JitterSampler(ds.graph, [5, 5], 0.0),
         batch_size=128,
         seed=3,
-        mode="pipeline",
         num_workers=2,
-        producer="workers",
     )
     expected = list(SequentialLoader(seq.source))
     loader = pipe.train_dataloader()
@@ -76,16 +75,14 @@ def test_reused_slots_never_overwrite_a_batch_still_held(ds):
     its batch is alive. Holding every batch of two epochs (far more than the slots) must keep
     each one intact, and dropping them must return every slot."""
     seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64, seed=5)
-    pipe = MQGNNDataModule(
+    pipe = worker_pipeline(
         ds,
         NeighborSampler(ds.graph, [5, 5]),
         batch_size=64,
         seed=5,
-        mode="pipeline",
         num_workers=2,
         cpu_queue_size=2,
         queue_size=1,
-        producer="workers",
     )
     loader = pipe.train_dataloader()
     try:
@@ -143,14 +140,12 @@ def test_workers_fill_regrown_slots_and_tasks_name_held_slots_by_number(ds):
 def test_the_first_tasks_already_get_slots(ds):
     # one batch sampled in the trainer at start sizes the slots, so the tasks sent before any
     # result came back do not each need a fresh shared-memory segment
-    dm = MQGNNDataModule(
+    dm = worker_pipeline(
         ds,
         NeighborSampler(ds.graph, [5, 5]),
         batch_size=64,
-        mode="pipeline",
         num_workers=2,
         cpu_queue_size=6,
-        producer="workers",
     )
     loader = dm.train_dataloader()
     try:
@@ -267,14 +262,12 @@ def test_training_threads_leave_the_workers_their_cores(monkeypatch):
 
 
 def test_an_epoch_trains_on_the_free_cores_and_gives_the_threads_back(ds, monkeypatch):
-    dm = MQGNNDataModule(
+    dm = worker_pipeline(
         ds,
         NeighborSampler(ds.graph, [3]),
         batch_size=256,
-        mode="pipeline",
         num_workers=2,
         worker_threads=3,
-        producer="workers",
     )
     with cores_and_threads(monkeypatch, cores=8, threads=4):
         try:
@@ -289,13 +282,11 @@ def test_an_epoch_trains_on_the_free_cores_and_gives_the_threads_back(ds, monkey
 
 
 def test_validation_inside_fit_runs_with_every_thread(ds, monkeypatch):
-    dm = MQGNNDataModule(
+    dm = worker_pipeline(
         ds,
         NeighborSampler(ds.graph, [3, 3]),
         batch_size=256,
-        mode="pipeline",
         num_workers=2,
-        producer="workers",
     )
     probe = ThreadsAtValidation()
     with cores_and_threads(monkeypatch, cores=4, threads=3):

@@ -3,7 +3,7 @@ queue-size decisions are recorded."""
 
 import csv
 
-from helpers.pipeline import make_trainer, seeded_module, small_dataset
+from helpers.pipeline import make_trainer, seeded_module, small_dataset, worker_pipeline
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_mqgnn.callbacks import StageTimingCallback
@@ -13,13 +13,11 @@ from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 def test_stage_times_are_logged_and_summarised(tmp_path):
     ds = small_dataset(1500)
-    dm = MQGNNDataModule(
+    dm = worker_pipeline(
         ds,
         NeighborSampler(ds.graph, [5, 5]),
         batch_size=64,
-        mode="pipeline",
         num_workers=1,
-        producer="workers",  # the workers' stages (sample, gather, transfer) are timed
         queue_size="auto",
         warmup_batches=1,
         window_batches=3,

@@ -1,0 +1,31 @@
+"""Running ``recipes/train.py`` in a fresh interpreter and reading what it prints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from helpers.paths import REPO
+
+TRAIN = [sys.executable, str(REPO / "recipes" / "train.py")]
+
+
+def run_recipe(out_dir, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    cmd = [*TRAIN, *overrides, "trainer.enable_progress_bar=false", f"hydra.run.dir={out_dir}"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def result_fields(stdout: str) -> dict[str, str]:
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, stdout[-2000:]
+    return dict(item.split("=", 1) for item in lines[0].split()[1:])
+
+
+def assert_one_error_line(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
