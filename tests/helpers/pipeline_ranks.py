@@ -9,7 +9,6 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from helpers.pipeline import make_trainer, seeded_module, small_dataset, worker_pipeline  # noqa: E402
-from lightning_mqgnn.sampling.neighbor import NeighborSampler  # noqa: E402
 
 
 class SaveSeeds(pl.Callback):
@@ -34,7 +33,6 @@ def main(out_dir: str, strategy: str) -> None:
     ds = small_dataset(1200)
     dm = worker_pipeline(
         ds,
-        NeighborSampler(ds.graph, [5, 5]),
         batch_size=100,
         num_workers=1,
         seed=2,

@@ -271,7 +271,6 @@ def test_gat_trains_on_cora_through_the_pipeline():
     model = PyGNodeClassifier(cora.num_features, cora.num_classes, gat_stack, dropout=0.5, lr=1e-2)
     dm = worker_pipeline(
         cora,
-        NeighborSampler(cora.graph, [5, 5]),
         batch_size=32,
         num_workers=1,
         seed=0,

@@ -40,7 +40,6 @@ def test_pipeline_delivers_device_batches_equal_to_the_sequential_ones(ds):
     seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=4)
     pipe = worker_pipeline(
         ds,
-        NeighborSampler(ds.graph, [5, 5]),
         batch_size=128,
         seed=4,
         num_workers=1,
@@ -93,7 +92,6 @@ def test_pipelined_fit_on_cuda_trains_and_reports_gpu_busy_time(ds):
     GPU busy monitor both measure the run."""
     dm = worker_pipeline(
         ds,
-        NeighborSampler(ds.graph, [5, 5]),
         batch_size=64,
         seed=1,
         num_workers=2,

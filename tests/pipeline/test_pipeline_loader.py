@@ -77,7 +77,6 @@ def test_reused_slots_never_overwrite_a_batch_still_held(ds):
     seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64, seed=5)
     pipe = worker_pipeline(
         ds,
-        NeighborSampler(ds.graph, [5, 5]),
         batch_size=64,
         seed=5,
         num_workers=2,
@@ -142,7 +141,6 @@ def test_the_first_tasks_already_get_slots(ds):
     # result came back do not each need a fresh shared-memory segment
     dm = worker_pipeline(
         ds,
-        NeighborSampler(ds.graph, [5, 5]),
         batch_size=64,
         num_workers=2,
         cpu_queue_size=6,

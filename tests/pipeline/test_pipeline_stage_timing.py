@@ -15,7 +15,6 @@ def test_stage_times_are_logged_and_summarised(tmp_path):
     ds = small_dataset(1500)
     dm = worker_pipeline(
         ds,
-        NeighborSampler(ds.graph, [5, 5]),
         batch_size=64,
         num_workers=1,
         queue_size="auto",
