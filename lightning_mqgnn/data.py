@@ -30,9 +30,10 @@ class MQGNNDataModule(pl.LightningDataModule):
     baseline). ``mode="pipeline"``: the MQ-GNN multi-queue pipeline (``PipelinedLoader``) with
     ``num_workers`` sampler processes (default: the cores of this rank less one), a CPU queue of
     ``cpu_queue_size`` batches and a device queue of ``queue_size`` batches (int, or ``"auto"``
-    for eq. 24-25). ``producer="auto"`` times the training thread making the batches with every core,
-    starts the workers only where its steps on the cores they would leave are faster than that,
-    and keeps the faster (``ProducerChoice``); ``"workers"`` always uses the workers. ``aggregate_inputs``: the gather stage computes the first layer's
+    for eq. 24-25). ``producer="auto"`` times the training thread making the batches with every
+    core, starts the workers only where its steps on the cores they would leave are faster than
+    that, and keeps the faster (``ProducerChoice``); ``"workers"`` always uses the workers.
+    ``aggregate_inputs``: the gather stage computes the first layer's
     aggregation (``batch.aggregated``) instead of gathering the input rows (``batch.features``),
     for models that declare ``accepts_aggregated_inputs``, as ``NodeClassifier`` does (others get
     ``batch.features`` whatever this says); not with a feature cache. Both modes

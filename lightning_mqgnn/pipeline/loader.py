@@ -261,7 +261,6 @@ class _EpochRun:
         self._threads_before: int | None = None
         self._opened_by: _HeadStart | None = None
         self.producer: str | None = None  # "workers" or "trainer", fixed at the epoch's start
-        self._narrow = False  # the step of the batch last returned runs on the workers' leftover threads
         self._next_index = 0  # the next batch the training thread makes itself
 
     def _start(self) -> None:
@@ -273,9 +272,7 @@ class _EpochRun:
             self.generation = self._opened_by.generation  # its tasks' results carry that tag
         # while the workers run, train on the cores they leave free; validation and test after
         # the epoch get every thread back
-        self._threads_before = torch.get_num_threads()
-        loader = self.loader
-        limit_training_threads(self.ranks_on_node, loader.num_workers, loader.settings.worker_threads)
+        self._narrow_threads()
         self._thread = threading.Thread(target=self._produce, name="mqgnn-transfer", daemon=True)
         self._thread.start()
 
@@ -410,7 +407,7 @@ class _EpochRun:
         loader = self.loader
         choice = loader.producer_choice
         start = time.perf_counter()
-        after_narrow_step = self._narrow
+        after_narrow_step = self._threads_before is not None  # the probe's narrowing, in this mode
         if after_narrow_step:
             choice.observe_narrow_step(start - self._last_return)
             self._restore_threads()
@@ -421,9 +418,7 @@ class _EpochRun:
         self._returned(index, timed=not after_narrow_step)
         # never the epoch's last step: validation may follow it, on every thread
         if choice.probing() and index < len(self.batches) - 1:
-            self._threads_before = torch.get_num_threads()
-            limit_training_threads(self.ranks_on_node, loader.num_workers, loader.settings.worker_threads)
-            self._narrow = True
+            self._narrow_threads()
         return batch
 
     def _returned(self, index: int, timed: bool = True) -> None:
@@ -434,8 +429,13 @@ class _EpochRun:
             self.loader.producer_choice.observe(self.producer, index, now - self._last_return)
         self._last_return = now
 
+    def _narrow_threads(self) -> None:
+        """Train on the threads the workers leave (``_restore_threads`` gives the rest back)."""
+        self._threads_before = torch.get_num_threads()
+        loader = self.loader
+        limit_training_threads(self.ranks_on_node, loader.num_workers, loader.settings.worker_threads)
+
     def _restore_threads(self) -> None:
-        self._narrow = False
         if self._threads_before is not None:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None

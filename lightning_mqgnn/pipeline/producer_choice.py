@@ -25,9 +25,9 @@ class ProducerChoice:
     core), then runs ``probes`` steps on the threads the workers would leave. A batch from the
     workers takes at least such a step, and more with the workers beside it on the same cores, so
     unless the median probe is at least ``margin`` below the median batch the workers are never
-    started; else epochs run on the workers until as many batch times are in, and the lower median
-    wins for good. The first ``skip`` batches of an
-    epoch are not timed (empty queues, thread-count changes). ``workers``: always the workers."""
+    started (settled at the last probe); else epochs run on the workers until as many batch times
+    are in, and the lower median wins for good. The first ``skip`` batches of an epoch are not
+    timed (empty queues, thread-count changes). ``workers``: always the workers."""
 
     policy: str = "auto"
     samples: int = 6
@@ -50,10 +50,7 @@ class ProducerChoice:
             return self.chosen
         if len(self.times["trainer"]) < self.samples or self.probing():
             return "trainer"
-        if self.workers_cannot_win():
-            self.chosen = "trainer"
-            return self.chosen
-        if len(self.times["workers"]) < self.samples:
+        if len(self.times["workers"]) < self.samples:  # the probes left the workers room to win
             return "workers"
         medians = {who: statistics.median(t) for who, t in self.times.items()}
         self.chosen = min(medians, key=medians.get)
