@@ -1,21 +1,48 @@
 #!/usr/bin/env bash
-# GPU check on a fresh machine with this repository and a CUDA build of torch already installed:
-# the gpu-marked tests, then the device-sampling benchmark (recipes/bench.py device_sampling).
-# Results (markdown and JSON, the JSON rewritten after every stage) go to $OUT when set, else
-# .ci/gpu_out/. At most 200 s of tests and 360 s of benchmark (the benchmark about 5-6 minutes).
+# GPU check on a machine with this repository and a CUDA build of torch already installed, in
+# stages (all of them by default, in this order; each under its own time limit, and a failed stage
+# does not stop the next):
+#   tests     the gpu-marked tests (<= 200 s)
+#   step      the training step against its floor on CUDA, products_like_1m, SAGE and GCN,
+#             bare loop and trainer (recipes/bench.py step; <= 150 s)
+#   pipeline  products_like_1m (1.03M nodes), 2-layer SAGE and GCN 5,5: sequential, CPU-worker
+#             pipeline and device-resident, whole epochs (bench.py device_sampling --parts speed;
+#             <= 200 s)
+#   device    the device-sampling benchmark at its defaults: products_like scale 1.0, SALIENT's
+#             and the paper's configuration, host-sync census, accuracy (<= 360 s)
+# Results (markdown and JSON, rewritten after every measurement) go to $OUT when set, else
+# .ci/gpu_out/.
 #
-# Usage: bash .ci/gpu_check.sh            (PYTHON=... to pick the interpreter; BENCH_ARGS=... adds
-#        benchmark options, e.g. BENCH_ARGS="--scale 0.5 --batches 30")
+# Usage: bash .ci/gpu_check.sh [STAGE ...]
+#   PYTHON=...      the interpreter (default python3)
+#   WHEELS=DIR      install the wheels in DIR first (a machine without a package index; into
+#                   /tmp/gpu_check_site, put on PYTHONPATH), else pip install -e .[dev] if imports fail
+#   BENCH_ARGS=...  more options for the device stage, e.g. "--scale 0.5 --batches 30"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT_DIR=${OUT:-.ci/gpu_out}
+STAGES=${*:-tests step pipeline device}
 mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the repository, without installing it
-export OUTDATED_IGNORE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+export OUTDATED_IGNORE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 step() { printf '\n=== %s (%s) ===\n' "$1" "$(date +%T)"; }
+failed=""
+run_stage() {  # NAME LIMIT_S LOG COMMAND...: the command under a time limit, its output in LOG
+  local name=$1 limit=$2 log=$3
+  shift 3
+  step "$name"
+  timeout "$limit" "$@" 2>&1 | grep --line-buffered -v -e "Warning" -e "warnings.warn" | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || failed="$failed $name($rc)"
+}
 
 step "environment"
+if [ -n "${WHEELS:-}" ]; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/gpu_check_site "$WHEELS"/*.whl || { echo "gpu_check: installing $WHEELS failed" >&2; exit 1; }
+  export PYTHONPATH="$PYTHONPATH:/tmp/gpu_check_site"
+fi
 if ! "$PYTHON" - <<'PY'
 import torch
 print(f"torch {torch.__version__}, CUDA build {torch.version.cuda}, available {torch.cuda.is_available()}")
@@ -26,20 +53,33 @@ then
   echo "gpu_check: needs a CUDA build of torch that sees a GPU" >&2
   exit 1
 fi
-if ! "$PYTHON" -c "import lightning, hydra, torchmetrics, ogb, psutil, pytest" 2>/dev/null; then
+if ! "$PYTHON" -c "import lightning, hydra, torchmetrics, psutil, pytest" 2>/dev/null; then
   echo "installing the project's dependencies (pip install -e .[dev]; torch is kept)"
   "$PYTHON" -m pip install -q -e ".[dev]" || { echo "gpu_check: dependencies missing and pip failed" >&2; exit 1; }
 fi
 
-step "gpu tests"
-timeout 200 "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" | tail -25
-tests_rc=${PIPESTATUS[0]}
+for stage in $STAGES; do
+  case $stage in
+    tests)
+      run_stage "gpu tests" 200 "$OUT_DIR/pytest_gpu.txt" \
+        "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider tests ;;
+    step)
+      run_stage "training step on CUDA" 150 "$OUT_DIR/step.txt" \
+        "$PYTHON" recipes/bench.py step --data products_like_1m --models sage,gcn --device cuda \
+        --steps 60 --out "$OUT_DIR/step.md" ;;
+    pipeline)
+      run_stage "pipeline on products_like_1m" 200 "$OUT_DIR/pipeline.txt" \
+        "$PYTHON" recipes/bench.py device_sampling --scale 0.42 --configs paper,paper_gcn --parts speed \
+        --epochs 3 --batches 0 --out "$OUT_DIR/products_1m" ;;
+    device)
+      # shellcheck disable=SC2086
+      run_stage "device sampling benchmark" 360 "$OUT_DIR/device.txt" \
+        "$PYTHON" recipes/bench.py device_sampling --out "$OUT_DIR/products_full" ${BENCH_ARGS:-} ;;
+    *)
+      echo "gpu_check: unknown stage $stage (expected tests, step, pipeline, device)" >&2
+      exit 2 ;;
+  esac
+done
 
-step "device sampling benchmark"
-# shellcheck disable=SC2086
-timeout 360 "$PYTHON" recipes/bench.py device_sampling --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 \
-  | grep -v -e "Warning" -e "warnings.warn" | tee "$OUT_DIR/bench.txt"
-bench_rc=${PIPESTATUS[0]}
-
-step "done: gpu tests exit $tests_rc, benchmark exit $bench_rc; results in $OUT_DIR"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+step "done; failed stages:${failed:- none}; results in $OUT_DIR"
+[ -z "$failed" ]

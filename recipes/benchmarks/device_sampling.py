@@ -1,13 +1,15 @@
 """Device-resident sampling against host sampling, in one run on one GPU.
 
 ``speed``: a generated products-like graph (``--scale 1.0``: all 2.45M nodes, 100 features) in
-two configurations, SALIENT's (3-layer SAGE, fan-out 15,10,5 from the output layer, batch 1024,
-hidden 256) and the paper's (2-layer SAGE, fan-out 5,5), each with
+SALIENT's configuration (3-layer SAGE, fan-out 15,10,5 from the output layer, batch 1024, hidden
+256) and the paper's (2-layer SAGE, fan-out 5,5; ``paper_gcn``: the same with GCN), each with
   sequential (CPU sampling in the training process) | pipeline (CPU sampler workers, the
   multi-queue pipeline) | device (DeviceResidentLoader: graph and features on the GPU).
-Reports the epoch time (mean over epochs 2..E, the first beside it), trimmed batch time, GPU busy
-fraction (NVML), peak device memory, the device loader's sample and gather time per batch (with
-the host syncs listed in ``pipeline/device_loader.py``) and its placement.
+The CPU loaders train ``--batches`` batches an epoch, the device loader ``--device-batches`` (0:
+the whole epoch). Reports the epoch time over those batches (mean over epochs 2..E, the first
+beside it) and the whole epoch it implies, trimmed batch time, GPU busy fraction (NVML), peak
+device memory, the device loader's sample and gather time per batch (with the host syncs listed
+in ``pipeline/device_loader.py``) and its placement.
 
 ``accuracy``: test metric of device-resident vs sequential CPU sampling, same epochs, several
 seeds, on amazon_photo (npz from the data directory; skipped when absent) and products_like.
@@ -19,6 +21,7 @@ the total CUDA's sync debug mode reports beside them).
 Markdown to stdout, JSON and markdown under ``--out`` (default ``$OUT`` when set).
 
     python recipes/bench.py device_sampling                 # the GPU run (about 6 minutes)
+    python recipes/bench.py device_sampling --scale 0.42 --configs paper,paper_gcn --parts speed
     python recipes/bench.py device_sampling --smoke         # tiny, on the CPU when there is no GPU
 """
 
@@ -44,8 +47,10 @@ from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.generated import generate_graph
 from lightning_mqgnn.models import NodeClassifier
+from lightning_mqgnn.models.node_classifier import AGGREGATION_OF_CONV
 from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader
 from lightning_mqgnn.pipeline.placement import Placement
+from lightning_mqgnn.pipeline.schedule import num_batches
 from lightning_mqgnn.pipeline.source import BatchSource
 from lightning_mqgnn.sampling.fastgcn import FastGCNSampler
 from lightning_mqgnn.sampling.feature_cache import GNSCache
@@ -59,7 +64,9 @@ DATA_DIR = Path(
 CONFIGS = {  # fan-outs input layer first: SALIENT's 15,10,5 are listed from the output layer
     "salient": dict(fanouts=[5, 10, 15], num_layers=3, batch_size=1024, hidden=256),
     "paper": dict(fanouts=[5, 5], num_layers=2, batch_size=1024, hidden=256),
+    "paper_gcn": dict(fanouts=[5, 5], num_layers=2, batch_size=1024, hidden=256, conv="gcn"),
 }
+PARTS = ("speed", "census", "accuracy")
 LOADERS = {
     "sequential": dict(mode="sequential", sample_on="cpu"),
     "pipeline": dict(mode="pipeline", sample_on="cpu", producer="workers"),
@@ -88,6 +95,8 @@ class SyncRow:
 class SpeedRow:
     config: str
     loader: str
+    batches: int  # trained per epoch
+    epoch_batches: int  # in a whole epoch
     epoch_s: float
     first_epoch_s: float
     batch_ms: float
@@ -96,6 +105,11 @@ class SpeedRow:
     sample_ms: float | None
     gather_ms: float | None
     placement: str
+
+    @property
+    def whole_epoch_s(self) -> float:
+        """The epoch time scaled from the batches trained to the whole epoch."""
+        return self.epoch_s * self.epoch_batches / self.batches
 
 
 @dataclass
@@ -161,22 +175,23 @@ def trainer_for(callbacks, epochs: int, batches: int | None, validate: bool = Fa
     )
 
 
-def datamodule(ds: GraphDataset, loader: str, fanouts: list[int], batch_size: int, seed: int, workers):
+def datamodule(ds: GraphDataset, loader: str, config: dict, batch_size: int, seed: int, workers):
     options = dict(LOADERS[loader])
     if loader == "pipeline":
         options["num_workers"] = workers
-    sampler = NeighborSampler(ds.graph, fanouts, "mean")
+    aggregation = AGGREGATION_OF_CONV[config.get("conv", "sage")]
+    sampler = NeighborSampler(ds.graph, config["fanouts"], aggregation)
     return MQGNNDataModule(ds, sampler, batch_size=batch_size, seed=seed, aggregate_inputs=True, **options)
 
 
-def module_for(ds: GraphDataset, num_layers: int, hidden: int, seed: int) -> NodeClassifier:
+def module_for(ds: GraphDataset, config: dict, seed: int) -> NodeClassifier:
     torch.manual_seed(seed)
     return NodeClassifier(
         ds.num_features,
         ds.num_classes,
-        conv="sage",
-        hidden=hidden,
-        num_layers=num_layers,
+        conv=config.get("conv", "sage"),
+        hidden=config["hidden"],
+        num_layers=config["num_layers"],
         dropout=0.5,
         lr=1e-3,
         metric=ds.metric,
@@ -189,15 +204,19 @@ def ms(values: list[float]) -> float | None:
 
 def speed_run(ds: GraphDataset, config: str, loader: str, args) -> SpeedRow:
     c = CONFIGS[config]
-    dm = datamodule(ds, loader, c["fanouts"], args.batch_size or c["batch_size"], 0, args.num_workers)
+    batch_size = args.batch_size or c["batch_size"]
+    dm = datamodule(ds, loader, c, batch_size, 0, args.num_workers)
+    epoch_batches = num_batches(ds.train_idx.numel(), batch_size, 1, drop_last=False)
+    batches = args.device_batches if loader == "device" else args.batches
+    batches = min(batches, epoch_batches) if batches else epoch_batches
     clock, timer, busy = EpochClock(), BatchTimer(trim=args.trim), GPUBusyMonitor()
     gc.collect()  # the previous run's trainer and resident graph (reference cycles)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    trainer = trainer_for([clock, timer, busy], args.epochs, args.batches)
+    trainer = trainer_for([clock, timer, busy], args.epochs, batches)
     try:
-        trainer.fit(module_for(ds, c["num_layers"], c["hidden"], 0), dm)
+        trainer.fit(module_for(ds, c, 0), dm)
     finally:
         dm.shutdown_pipeline()
     later = clock.epochs[1:] or clock.epochs
@@ -206,6 +225,8 @@ def speed_run(ds: GraphDataset, config: str, loader: str, args) -> SpeedRow:
     return SpeedRow(
         config,
         loader,
+        batches=batches,
+        epoch_batches=epoch_batches,
         epoch_s=statistics.fmean(later),
         first_epoch_s=clock.epochs[0],
         batch_ms=1000.0 * timer.batch_time,
@@ -258,8 +279,8 @@ def _census_of(
 
 def test_metric(ds: GraphDataset, loader: str, seed: int, args) -> float:
     c = CONFIGS["paper"]
-    dm = datamodule(ds, loader, c["fanouts"], args.accuracy_batch_size, seed, args.num_workers)
-    module = module_for(ds, c["num_layers"], c["hidden"], seed)
+    dm = datamodule(ds, loader, c, args.accuracy_batch_size, seed, args.num_workers)
+    module = module_for(ds, c, seed)
     trainer = trainer_for([], args.accuracy_epochs, None)
     try:
         trainer.fit(module, dm)
@@ -291,13 +312,14 @@ def fmt(x, spec: str = ".1f") -> str:
 
 def speed_table(rows: list[SpeedRow]) -> list[str]:
     lines = [
-        "| config | loader | epoch (s) | first epoch (s) | batch (ms) | GPU busy | peak device (MiB) "
-        "| device sample (ms) | device gather (ms) | placement |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| config | loader | batches | epoch (s) | whole epoch (s) | first epoch (s) | batch (ms) "
+        "| GPU busy | peak device (MiB) | device sample (ms) | device gather (ms) | placement |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r.config} | {r.loader} | {r.epoch_s:.2f} | {r.first_epoch_s:.2f} | {r.batch_ms:.1f} "
+            f"| {r.config} | {r.loader} | {r.batches}/{r.epoch_batches} | {r.epoch_s:.2f} "
+            f"| {r.whole_epoch_s:.2f} | {r.first_epoch_s:.2f} | {r.batch_ms:.1f} "
             f"| {fmt(r.gpu_busy, '.0%')} | {fmt(r.peak_device_mib, '.0f')} "
             f"| {fmt(r.sample_ms, '.2f')} | {fmt(r.gather_ms, '.2f')} | {r.placement} |"
         )
@@ -324,10 +346,12 @@ def accuracy_table(rows: list[AccuracyRow], epochs: int) -> list[str]:
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench.py device_sampling", description=__doc__.splitlines()[0])
     p.add_argument("--scale", type=float, default=1.0, help="products_like scale of the speed runs")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"what to measure, among {','.join(PARTS)}")
     p.add_argument("--configs", default="salient,paper")
     p.add_argument("--loaders", default="sequential,pipeline,device")
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batches", type=int, default=40, help="training batches per epoch (0: all)")
+    p.add_argument("--batches", type=int, default=40, help="CPU loaders' batches per epoch (0: all)")
+    p.add_argument("--device-batches", type=int, default=0, help="device loader's batches per epoch (0: all)")
     p.add_argument("--batch-size", type=int, default=None, help="speed runs (default: the config's, 1024)")
     p.add_argument("--trim", type=int, default=5, help="batches dropped at each end of the batch time")
     p.add_argument("--num-workers", type=int, default=None, help="pipeline workers (default: cores - 1)")
@@ -348,14 +372,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.scale, args.accuracy_scale = 0.002, 0.002
-        args.epochs, args.batches, args.trim, args.accuracy_epochs = 2, 4, 0, 1
+        args.epochs, args.batches, args.device_batches, args.trim, args.accuracy_epochs = 2, 4, 4, 0, 1
         args.batch_size, args.accuracy_batch_size = 64, 256
         args.num_workers = 1
+    args.parts = [x for x in args.parts.split(",") if x]
     args.configs = [c for c in args.configs.split(",") if c]
     args.loaders = [x for x in args.loaders.split(",") if x]
     args.accuracy_datasets = [d for d in args.accuracy_datasets.split(",") if d]
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
-    for name, known, what in ((args.configs, CONFIGS, "config"), (args.loaders, LOADERS, "loader")):
+    for name, known, what in (
+        (args.parts, PARTS, "part"),
+        (args.configs, CONFIGS, "config"),
+        (args.loaders, LOADERS, "loader"),
+    ):
         unknown = sorted(set(name) - set(known))
         if unknown:
             p.error(f"unknown {what}(s) {unknown}; expected among {sorted(known)}")
@@ -379,39 +408,43 @@ def save_json(args, speed: list[SpeedRow], accuracy: list[AccuracyRow], census: 
 def main(argv: list[str]) -> int:
     args = parse(argv)
     t0 = time.perf_counter()
-    ds = generate_graph("products", scale=args.scale, seed=0)
-    print(
-        f"speed graph: {ds.num_nodes} nodes, {ds.graph.num_edges} directed edges, generated in "
-        f"{time.perf_counter() - t0:.0f} s",
-        flush=True,
-    )
+    ds = None
+    if {"speed", "census"} & set(args.parts):
+        ds = generate_graph("products", scale=args.scale, seed=0)
+        print(
+            f"speed graph: {ds.num_nodes} nodes, {ds.graph.num_edges} directed edges, generated in "
+            f"{time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
     speed: list[SpeedRow] = []
     accuracy: list[AccuracyRow] = []
-    for config in args.configs:
+    census: list[SyncRow] = []
+    for config in args.configs if "speed" in args.parts else []:
         for loader in args.loaders:
             speed.append(speed_run(ds, config, loader, args))
             print(speed_table(speed[-1:])[-1], flush=True)
-            save_json(args, speed, accuracy, [])
-    census = sync_census(ds, args.census_batches, args.batch_size or 1024)
-    save_json(args, speed, accuracy, census)
+            save_json(args, speed, accuracy, census)
+    if "census" in args.parts:
+        census = sync_census(ds, args.census_batches, args.batch_size or 1024)
+        save_json(args, speed, accuracy, census)
     del ds
-    for name, data in accuracy_datasets(args).items():
+    for name, data in accuracy_datasets(args).items() if "accuracy" in args.parts else []:
         for loader in ("sequential", "device"):
             metrics = [test_metric(data, loader, seed, args) for seed in args.seeds]
             accuracy.append(AccuracyRow(name, loader, args.seeds, metrics))
             print(accuracy_table(accuracy[-1:], args.accuracy_epochs)[-1], flush=True)
             save_json(args, speed, accuracy, census)
     header = machine_header("device_sampling", argv) + [
-        f"- speed: products_like x{args.scale:g}, {args.batches or 'all'} batches x {args.epochs} epochs; "
-        f"total {time.perf_counter() - t0:.0f} s"
+        f"- speed: products_like x{args.scale:g}, {args.epochs} epochs; total {time.perf_counter() - t0:.0f} s"
     ]
-    table = [
-        *speed_table(speed),
-        "",
-        *accuracy_table(accuracy, args.accuracy_epochs),
-        "",
-        *census_table(census),
-    ]
+    table = []
+    for part, lines in (
+        ("speed", speed_table(speed)),
+        ("accuracy", accuracy_table(accuracy, args.accuracy_epochs)),
+        ("census", census_table(census)),
+    ):
+        if part in args.parts:
+            table += [*lines, ""]
     write_report(
         "Device-resident sampling", header, table, args.out / "device_sampling.md" if args.out else None
     )

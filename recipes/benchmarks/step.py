@@ -12,7 +12,9 @@ Each loop runs twice: once timed (median wall time per step), once under ``torch
 per-operator self time (CPU time on CPU, kernel time on CUDA) is sorted into GEMM (``mm``,
 ``addmm``, ``bmm``: the floor), aggregation, elementwise, RNG, copies and the optimiser; on CPU
 "rest" is the wall time no operator accounts for (Python, hooks, logging), on CUDA "host" is the
-wall time the GPU is not running a kernel. ``step / floor`` is the timed step over GEMM time.
+wall time the GPU is not running a kernel, beside the share of the step it is ("kernels / step")
+and the host syncs a step makes (CUDA's sync debug mode). ``step / floor`` is the timed step over
+GEMM time.
 Steps are timed start to start without a synchronisation each, so on CUDA a step's time is the
 pace of the slower of host and device, as in training.
 """
@@ -33,6 +35,7 @@ from hydra.utils import instantiate
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks._report import machine_header, write_report
+from benchmarks._sync_census import cuda_sync_count
 from lightning_mqgnn.pipeline.produce import produce_batch
 from lightning_mqgnn.pipeline.schedule import epoch_batches
 from lightning_mqgnn.sampling.rng import batch_rng_seed
@@ -97,14 +100,16 @@ def scoped_training_step(module):
     return module
 
 
-def recipe_objects(data: str, model: str, extra: list[str]):
-    """Dataset, sampler, LightningModule and loader config, exactly as ``recipes/train.py`` builds them."""
+def recipe_objects(data: str, model: str, extra: list[str], dataset=None):
+    """Dataset, sampler, LightningModule and loader config, exactly as ``recipes/train.py`` builds
+    them (``dataset``: one already built from the same data config, reused)."""
     from hydra import compose, initialize_config_dir
     from train import build_sampler
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"data={data}", f"model={model}", *extra])
-    dataset = instantiate(cfg.data)
+    if dataset is None:
+        dataset = instantiate(cfg.data)
     sampler = build_sampler(instantiate(cfg.model.sampler), dataset)
 
     def make_module():
@@ -221,14 +226,22 @@ def measure(loop: str, make_module, batches: list, device: torch.device, cfg, wa
         else (lambda m: trainer_loop(m, batches, device, cfg))
     )
     step_s = statistics.median(run(make_module())[warmup:])
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    steps: list[int] = []
+
+    def profiled_run(_: int) -> None:
+        steps.append(len(run(scoped_training_step(make_module()))))
+
     with profile(activities=activities) as prof:
-        profiled_steps = len(run(scoped_training_step(make_module())))
-    split = split_by_category(prof.events(), device.type == "cuda")
-    per_step = {k: split.get(k, 0.0) / profiled_steps for k in CATEGORIES}
+        # on CUDA the same run counts the host syncs (CUDA's sync debug mode)
+        syncs = cuda_sync_count(profiled_run, 1) if cuda else profiled_run(0)
+    split = split_by_category(prof.events(), cuda)
+    per_step = {k: split.get(k, 0.0) / steps[0] for k in CATEGORIES}
     busy = sum(per_step.values())
     per_step["rest"] = max(step_s - busy, 0.0)
-    return {"step": step_s, **per_step}
+    extra = {"kernel_share": busy / step_s, "syncs": syncs / steps[0]} if cuda else {}
+    return {"step": step_s, **per_step, **extra}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,13 +260,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    cuda = device.type == "cuda"
     rows = [
         "| model | loop | step ms | GEMM ms | aggregation ms | elementwise ms | RNG ms | copies ms | "
-        f"optimiser ms | {'host (GPU idle)' if device.type == 'cuda' else 'rest'} ms | step / floor |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"optimiser ms | {'host (GPU idle)' if cuda else 'rest'} ms | step / floor |"
+        + (" kernels / step | host syncs / step |" if cuda else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if cuda else ""),
     ]
+    dataset = None
     for model in args.models.split(","):
-        dataset, sampler, make_module, cfg = recipe_objects(args.data, model, args.extra.split())
+        dataset, sampler, make_module, cfg = recipe_objects(args.data, model, args.extra.split(), dataset)
         batches = sample_batches(dataset, sampler, cfg, args.batch_size, args.steps, device)
         for loop in args.loops.split(","):
             r = measure(loop, make_module, batches, device, cfg, args.warmup)
@@ -262,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {model} | {loop} | {ms['step']:.2f} | {ms['gemm']:.2f} | {ms['aggregation']:.2f} | "
                 f"{ms['elementwise']:.2f} | {ms['rng']:.2f} | {ms['copy']:.2f} | {ms['optimiser']:.2f} | "
                 f"{ms['rest']:.2f} | {r['step'] / max(r['gemm'], 1e-9):.2f}x |"
+                + (f" {r['kernel_share']:.0%} | {r['syncs']:.1f} |" if cuda else "")
             )
             print(rows[-1], flush=True)
     header = machine_header("step", argv)
