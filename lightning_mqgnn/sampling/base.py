@@ -12,18 +12,21 @@ from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.radix_sort import sorted_distinct
 
 
-def row_positions(starts: Tensor, counts: Tensor, out: Tensor | None = None) -> Tensor:
+def row_positions(
+    starts: Tensor, counts: Tensor, out: Tensor | None = None, total: int | None = None
+) -> Tensor:
     """``cat([arange(s, s + c) for s, c in zip(starts, counts)])``: the CSR positions of whole
     rows (empty rows allowed). On the CPU one cumulative sum: steps are 1 except where a row
     begins, where the step jumps from the previous row's last position to the row's start. On a
-    GPU ``row_positions_by_repeat``, which waits for the device once (the total) instead of twice.
+    GPU ``row_positions_by_repeat``, which waits for the device once (the total) instead of twice,
+    and not at all when the caller knows ``total`` (``counts.sum()``).
     ``out``: an int64 buffer of at least the total length to write into (a ``Workspace``'s)."""
     if starts.is_cuda:
-        return row_positions_by_repeat(starts, counts, out)
+        return row_positions_by_repeat(starts, counts, out, total)
     if not bool((counts > 0).all()):
         keep = counts > 0
         starts, counts = starts[keep], counts[keep]
-    total = int(counts.sum())
+    total = int(counts.sum()) if total is None else total
     if total == 0:
         return torch.zeros(0, dtype=torch.int64, device=starts.device)
     step = torch.ones(total, dtype=torch.int64, device=starts.device) if out is None else out[:total].fill_(1)
@@ -32,16 +35,26 @@ def row_positions(starts: Tensor, counts: Tensor, out: Tensor | None = None) -> 
     return step.cumsum_(0)
 
 
-def row_positions_by_repeat(starts: Tensor, counts: Tensor, out: Tensor | None = None) -> Tensor:
+def row_positions_by_repeat(
+    starts: Tensor, counts: Tensor, out: Tensor | None = None, total: int | None = None
+) -> Tensor:
     """``row_positions`` as ``arange(total)`` shifted by each row's ``start - output start``:
-    empty rows need no filtering, so the only host read is the total."""
-    total = int(counts.sum())
+    empty rows need no filtering, so the only host read is the total (none when given)."""
+    total = int(counts.sum()) if total is None else total
     shift = starts - (torch.cumsum(counts, 0) - counts)
     if out is None:
         out = torch.arange(total, dtype=torch.int64, device=starts.device)
     else:
         out = torch.arange(total, dtype=torch.int64, device=starts.device, out=out[:total])
     return out.add_(torch.repeat_interleave(shift, counts, output_size=total))
+
+
+def distinct_where(ids: Tensor, keep: Tensor, beyond: int) -> Tensor:
+    """``torch.unique(ids[keep])`` in one host read (the count of distinct ids) instead of two (the
+    mask's, then ``unique``'s): ids not kept become ``beyond`` (larger than every id), which sorts
+    last and is dropped, one more of it appended so that it is always there to drop."""
+    pad = ids.new_full((1,), beyond)
+    return torch.unique(torch.cat([torch.where(keep, ids, pad), pad]))[:-1]
 
 
 class Workspace:
@@ -115,12 +128,18 @@ class Relabeler:
             self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=device)
         slot = self._slot  # index_select/index_fill_ below: 1-D fancy indexing is much slower
         slot.index_copy_(0, prefix, torch.arange(prefix.numel(), device=device))
-        new = self._distinct(others[slot.index_select(0, others) < 0])
+        new = self._new_ids(others, slot.index_select(0, others) < 0)
         slot.index_copy_(0, new, torch.arange(prefix.numel(), prefix.numel() + new.numel(), device=device))
         local = slot.index_select(0, others)
         nodes = torch.cat([prefix, new])
         slot.index_fill_(0, nodes, -1)  # leave the scratch clean for the next call
         return nodes, local
+
+    def _new_ids(self, others: Tensor, is_new: Tensor) -> Tensor:
+        """The distinct ``others`` where ``is_new``, ascending (on a GPU ``distinct_where``)."""
+        if others.is_cuda:
+            return distinct_where(others, is_new, self.num_nodes)
+        return self._distinct(others[is_new])
 
     def _distinct(self, ids: Tensor) -> Tensor:
         """The distinct values of ``ids``, ascending. On the CPU, unless the graph is large

@@ -35,6 +35,8 @@ def sample_neighbor_edges(
         offset = (u * deg.index_select(0, rows)).long()
         return counts, starts.index_select(0, rows) + offset
     counts = deg.clamp(max=fanout)
+    if starts.is_cuda:
+        return counts, subset_positions_padded(starts, deg, counts, fanout)
     out_start = torch.cumsum(counts, 0) - counts
     # rows with at most `fanout` edges keep them all: their positions, moved to the rows' places
     # in the output (same offsets within a row, so a shift per row)
@@ -50,6 +52,25 @@ def sample_neighbor_edges(
     slots = out_start.index_select(0, part).unsqueeze(1) + torch.arange(fanout, device=device)
     out.index_copy_(0, slots.reshape(-1), (starts.index_select(0, part).unsqueeze(1) + offsets).reshape(-1))
     return counts, out
+
+
+def subset_positions_padded(starts: Tensor, deg: Tensor, counts: Tensor, k: int) -> Tensor:
+    """``sample_neighbor_edges`` without replacement as a GPU wants it: one host read (the total)
+    instead of the CPU path's three (two ``nonzero`` splitting the rows at the fan-out, and the
+    kept rows' total). Every row is laid out as ``k`` slots: a row with at most ``k`` edges takes
+    offsets ``0 .. deg - 1``, every other row a uniform ``k``-subset of its offsets (Floyd's, drawn
+    for all rows); slots past a row's count are written to one spare entry past the end, which is
+    dropped. Same law as the CPU path, other draws."""
+    device = starts.device
+    total = int(counts.sum())
+    slot = torch.arange(k, device=device)
+    drawn = uniform_subsets(torch.clamp(deg, min=k), k)  # [R, k]; rows with deg <= k: unused
+    offsets = torch.where((deg <= k).unsqueeze(1), slot, drawn)
+    out_start = torch.cumsum(counts, 0) - counts
+    target = torch.where(slot < counts.unsqueeze(1), out_start.unsqueeze(1) + slot, total)
+    out = torch.empty(total + 1, dtype=torch.int64, device=device)
+    out.index_copy_(0, target.reshape(-1), (starts.unsqueeze(1) + offsets).reshape(-1))
+    return out[:total]
 
 
 def uniform_subsets(n: Tensor, k: int) -> Tensor:
@@ -84,7 +105,7 @@ def sampled_block(
     if self_weights is None:
         indices, w = local, weights
     else:
-        nbr_pos = row_positions(indptr[:-1] + 1, counts)
+        nbr_pos = row_positions(indptr[:-1] + 1, counts, total=local.numel())
         total = local.numel() + num_dst  # = indptr[-1], known without reading the device
         indices = torch.empty(total, dtype=torch.int64, device=device)
         w = torch.empty(total, dtype=torch.float64, device=device)

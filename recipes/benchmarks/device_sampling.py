@@ -16,7 +16,8 @@ seeds, on amazon_photo (npz from the data directory; skipped when absent) and pr
 
 ``census``: host syncs per batch of device-resident sampling, by call site, for node-wise,
 layer-wise and GNS samplers (``_sync_census``: syncing torch calls on any device, and on a GPU
-the total CUDA's sync debug mode reports beside them).
+the total CUDA's sync debug mode reports beside them), and each sampler's time per batch when it
+runs alone, with no training thread beside it.
 
 Markdown to stdout, JSON and markdown under ``--out`` (default ``$OUT`` when set).
 
@@ -274,6 +275,14 @@ def _census_of(
     rows.append(SyncRow(name, "all of the above", "sum", sum(counts.values()) / n))
     if device.type == "cuda":
         rows.append(SyncRow(name, "CUDA sync debug mode", "all", cuda_sync_count(run, n) / n))
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for i in range(n):
+        run(i)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    ms = 1000.0 * (time.perf_counter() - t0) / n
+    rows.append(SyncRow(name, "sampled and gathered alone (no training beside it)", "ms", ms))
     return rows
 
 
@@ -363,7 +372,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--accuracy-batch-size", type=int, default=1024)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument(
-        "--census-batches", type=int, default=5, help="batches per sampler in the host-sync census"
+        "--census-batches", type=int, default=10, help="batches per sampler in the host-sync census"
     )
     p.add_argument(
         "--smoke", action="store_true", help="tiny sizes: a check that the script runs, on the CPU too"

@@ -8,8 +8,12 @@ from helpers.pipeline import make_trainer, small_dataset, worker_pipeline
 from lightning_mqgnn.callbacks import GPUBusyMonitor, StageTimingCallback
 from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.models import NodeClassifier
+from lightning_mqgnn.pipeline.loader import PipelinedLoader
+from lightning_mqgnn.pipeline.plan import EpochPlan
 from lightning_mqgnn.pipeline.queue_size import device_memory
 from lightning_mqgnn.pipeline.sequential import SequentialLoader
+from lightning_mqgnn.pipeline.settings import PipelineSettings
+from lightning_mqgnn.pipeline.source import BatchSource
 from lightning_mqgnn.pipeline.transfer import DeviceMover
 from lightning_mqgnn.pipeline.workers import SamplerWorkerPool
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
@@ -38,19 +42,15 @@ def test_side_stream_copy_is_complete_after_hand_over(ds):
 
 def test_pipeline_delivers_device_batches_equal_to_the_sequential_ones(ds):
     seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=4)
-    pipe = worker_pipeline(
-        ds,
-        batch_size=128,
-        seed=4,
-        num_workers=1,
-    )
-    loader = pipe.train_dataloader()
-    loader._device = "cuda"
+    source = BatchSource(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=4)
+    settings = PipelineSettings(num_workers=1, producer="workers")
+    loader = PipelinedLoader(source, settings, EpochPlan(device=torch.device("cuda"), max_epochs=1))
     try:
         got = list(loader)
     finally:
-        pipe.shutdown_pipeline()
+        loader.shutdown()
     assert loader.pool is None or not loader.pool.running
+    assert len(got) == len(loader) >= 2
     for a, b in zip(SequentialLoader(seq.source), got):
         assert b.features.is_cuda
         assert torch.equal(a.features, b.features.cpu()) and torch.equal(a.input_nodes, b.input_nodes.cpu())

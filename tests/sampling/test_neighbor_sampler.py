@@ -172,3 +172,54 @@ def test_row_positions_by_repeat_equals_the_cumulative_form():
     assert torch.equal(row_positions_by_repeat(starts, counts), row_positions(starts, counts))
     empty = torch.zeros(3, dtype=torch.int64)
     assert row_positions_by_repeat(empty, empty).numel() == 0
+
+
+def test_padded_subsets_keep_the_cpu_paths_rows_and_law():
+    # the GPU layout (one host read): run on the CPU here, rows of every degree, empty ones too
+    from lightning_mqgnn.sampling.neighbor import subset_positions_padded
+
+    graph = random_graph()
+    torch.manual_seed(7)
+    nodes = torch.randint(0, graph.num_nodes, (500,))
+    starts = graph.indptr[nodes]
+    deg = graph.indptr[nodes + 1] - starts
+    k = 4
+    counts = deg.clamp(max=k)
+    pos = subset_positions_padded(starts, deg, counts, k)
+    assert pos.numel() == int(counts.sum())
+    for s, d, row in zip(starts.tolist(), deg.tolist(), pos.split(counts.tolist())):
+        assert row.unique().numel() == row.numel() == min(d, k)
+        assert ((row >= s) & (row < s + d)).all()
+        if d <= k:
+            assert row.tolist() == list(range(s, s + d))
+    # a star's rows draw each of its 10 leaves with probability k / 10, as the CPU path does
+    star = CSRGraph.from_edges(torch.arange(1, 11), torch.zeros(10, dtype=torch.long), 11)
+    rows = 4000
+    starts, deg = torch.zeros(rows, dtype=torch.long), torch.full((rows,), 10)
+    picked = star.indices[subset_positions_padded(starts, deg, deg.clamp(max=k), k)]
+    freq = torch.bincount(picked, minlength=11)[1:] / rows
+    p = k / 10
+    assert (freq - p).abs().max() < 5 * (p * (1 - p) / rows) ** 0.5
+
+
+def test_distinct_where_is_unique_of_the_kept_ids():
+    from lightning_mqgnn.sampling.base import distinct_where
+
+    g = torch.Generator().manual_seed(2)
+    for n in (0, 1, 50, 3000):
+        ids = torch.randint(0, 100, (n,), generator=g)
+        keep = torch.rand(n, generator=g) < 0.5
+        assert torch.equal(distinct_where(ids, keep, 100), torch.unique(ids[keep]))
+    everything = torch.tensor([5, 99, 5])
+    assert distinct_where(everything, torch.ones(3, dtype=torch.bool), 100).tolist() == [5, 99]
+
+
+def test_row_positions_with_a_known_total_equal_the_counted_ones():
+    from lightning_mqgnn.sampling.base import row_positions, row_positions_by_repeat
+
+    g = torch.Generator().manual_seed(4)
+    starts = torch.randint(0, 1000, (100,), generator=g)
+    counts = torch.randint(0, 4, (100,), generator=g)
+    total = int(counts.sum())
+    assert torch.equal(row_positions(starts, counts, total=total), row_positions(starts, counts))
+    assert torch.equal(row_positions_by_repeat(starts, counts, total=total), row_positions(starts, counts))
