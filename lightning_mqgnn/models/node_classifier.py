@@ -83,15 +83,16 @@ class NodeClassifierBase(pl.LightningModule):
         logits = self.batch_logits(batch)
         loss = node_loss(logits, batch.labels, self.multilabel)
         if self._logging_step():
-            self.log("train/loss", loss, prog_bar=True, batch_size=batch.output_nodes.numel())
+            # on the host: Lightning turns a progress-bar value into a number after every batch,
+            # which for a GPU tensor is a wait for the device each step, not only on this one
+            self.log("train/loss", loss.detach().cpu(), prog_bar=True, batch_size=batch.output_nodes.numel())
         return loss
 
     def _logging_step(self) -> bool:
-        """Whether this step reaches the logger: ``self.log`` costs Python time on every call (and
-        a host sync on CUDA when the progress bar reads it), so the loss is logged once per
-        ``Trainer(log_every_n_steps)``, on the steps the logger writes (the trainer counts the
-        step in progress, hence the + 1), and on the first step, so the progress bar and
-        ``trainer.callback_metrics`` have a loss from the start."""
+        """Whether this step reaches the logger: ``self.log`` costs Python time on every call, so
+        the loss is logged once per ``Trainer(log_every_n_steps)``, on the steps the logger writes
+        (the trainer counts the step in progress, hence the + 1), and on the first step, so the
+        progress bar and ``trainer.callback_metrics`` have a loss from the start."""
         try:
             trainer = self.trainer
         except RuntimeError:  # not attached: a plain PyTorch loop

@@ -85,9 +85,10 @@ def uniform_subsets(n: Tensor, k: int) -> Tensor:
     j = (n - k).unsqueeze(0) + torch.arange(k, device=n.device).unsqueeze(1)  # [k, R]
     draws = torch.rand(k, n.numel(), dtype=torch.float64, device=n.device, generator=sampling_generator())
     chosen = (draws * (j + 1)).long()
+    steps, j_steps = chosen.unbind(0), j.unbind(0)  # views taken once: on a GPU each op is a launch
     for step in range(1, k):
-        taken = (chosen[:step] == chosen[step]).any(0)
-        torch.where(taken, j[step], chosen[step], out=chosen[step])
+        taken = (chosen[:step] == steps[step]).any(0)
+        torch.where(taken, j_steps[step], steps[step], out=steps[step])
     return chosen.t()
 
 

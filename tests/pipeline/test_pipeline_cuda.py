@@ -89,7 +89,8 @@ def test_memory_cap_inputs_come_from_the_device():
 
 def test_pipelined_fit_on_cuda_trains_and_reports_gpu_busy_time(ds):
     """A whole Lightning fit on the GPU through the pipeline (workers, side stream, queue): the stage timing and the
-    GPU busy monitor both measure the run."""
+    GPU busy monitor both measure the run, and the logged loss is kept on the host (Lightning reads
+    the progress bar's values after every batch: a GPU tensor would make each read wait for it)."""
     dm = worker_pipeline(
         ds,
         batch_size=64,
@@ -102,6 +103,7 @@ def test_pipelined_fit_on_cuda_trains_and_reports_gpu_busy_time(ds):
     trainer.fit(model, dm)
     assert timing.summary["num_batches"] == 3 * dm.num_train_batches()
     assert busy.samples and 0.0 <= busy.busy_fraction <= 1.0
+    assert trainer.callback_metrics["train/loss"].device.type == "cpu"
     assert (
         dm.pipeline_loader is None or dm.pipeline_loader.pool is None or not dm.pipeline_loader.pool.running
     )
