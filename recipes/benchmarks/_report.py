@@ -12,13 +12,17 @@ from pathlib import Path
 def machine_header(name: str, argv: list[str] | None) -> list[str]:
     import torch
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
-        ).stdout.strip()
-    except OSError:  # no git where the copy of the tree runs
-        commit = ""
-    commit = commit or os.environ.get("MQGNN_COMMIT", "")  # a tree copied without its .git says it
+    commit = os.environ.get("MQGNN_COMMIT", "")  # set where a copy of the tree runs (its .git may lag)
+    if not commit:
+        try:
+            commit = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+            ).stdout.strip()
+        except OSError:  # no git there
+            commit = ""
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     try:
         import dgl  # noqa: F401
