@@ -44,12 +44,13 @@ from torch import Tensor
 from lightning_mqgnn.pipeline.device_queue import (
     DeviceQueue,
     ProducerStopped,
+    QueuedLoader,
     hand_over_batch,
     wait_for_entry,
 )
 from lightning_mqgnn.pipeline.gather import gather
 from lightning_mqgnn.pipeline.placement import Placement, decide_placement, free_device_memory
-from lightning_mqgnn.pipeline.plan import EpochPlan, Planned
+from lightning_mqgnn.pipeline.plan import EpochPlan
 from lightning_mqgnn.pipeline.produce import sample_batch
 from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize
 from lightning_mqgnn.pipeline.settings import check_queue_size
@@ -116,7 +117,7 @@ class ResidentGraph:
         return self.features.device == self.device
 
 
-class DeviceResidentLoader(Planned):
+class DeviceResidentLoader(QueuedLoader):
     """The training batches of ``source``, sampled and gathered on ``placement.sample_on`` by a
     producer thread into a device queue of ``queue_size`` batches (int, or ``"auto"``: eq. 24-25).
 
@@ -133,23 +134,14 @@ class DeviceResidentLoader(Planned):
         plan: EpochPlan | Callable[[], EpochPlan] | None = None,
         memory_margin: float = 0.1,
     ):
-        super().__init__(plan)
         check_queue_size(queue_size)
-        self.source = source
+        fixed_q = None if queue_size == "auto" else int(queue_size)
+        super().__init__(source, plan, fixed_q, AdaptiveQueueSize(margin=memory_margin))
         self.placement = placement if placement is not None else Placement()
-        self.fixed_q = None if queue_size == "auto" else int(queue_size)
-        self.sizer = AdaptiveQueueSize(margin=memory_margin)
         self.sizer.device = self.placement.sample_on
         self.mover = DeviceMover(self.placement.sample_on)
         self.resident: ResidentGraph | None = None
         self._run: _DeviceEpoch | None = None
-
-    def __len__(self) -> int:
-        return self.source.num_batches(self.plan().world_size)
-
-    @property
-    def queue_size(self) -> int:
-        return self.fixed_q if self.fixed_q is not None else self.sizer.q
 
     def __iter__(self) -> Iterator[MiniBatch]:
         self.close_epoch()

@@ -5,7 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from lightning_mqgnn.pipeline.plan import EpochPlan, Planned
+
+if TYPE_CHECKING:
+    from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize
+    from lightning_mqgnn.pipeline.source import BatchSource
 
 END = object()  # marks the end of an epoch
 
@@ -67,6 +74,30 @@ class DeviceQueue:
             entry = self._items.popleft()
             self._cond.notify_all()
             return entry
+
+
+class QueuedLoader(Planned):
+    """What the loaders that fill a device queue share: ``source``'s batches, this rank's share of
+    the plan's epoch, and the queue's size, fixed (``fixed_q``) or eq. 24-25's (``sizer``)."""
+
+    def __init__(
+        self,
+        source: BatchSource,
+        plan: EpochPlan | Callable[[], EpochPlan] | None,
+        fixed_q: int | None,
+        sizer: AdaptiveQueueSize,
+    ):
+        super().__init__(plan)
+        self.source = source
+        self.fixed_q = fixed_q
+        self.sizer = sizer
+
+    def __len__(self) -> int:
+        return self.source.num_batches(self.plan().world_size)
+
+    @property
+    def queue_size(self) -> int:
+        return self.fixed_q if self.fixed_q is not None else self.sizer.q
 
 
 POLL_S = 0.1  # how often a waiting consumer checks that its producer thread is still alive

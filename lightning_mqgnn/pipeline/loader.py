@@ -42,10 +42,11 @@ from torch import Tensor
 from lightning_mqgnn.pipeline.device_queue import (
     DeviceQueue,
     ProducerStopped,
+    QueuedLoader,
     hand_over_batch,
     wait_for_entry,
 )
-from lightning_mqgnn.pipeline.plan import EpochPlan, Planned
+from lightning_mqgnn.pipeline.plan import EpochPlan
 from lightning_mqgnn.pipeline.produce import sample_batch
 from lightning_mqgnn.pipeline.producer_choice import ProducerChoice
 from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize, QueueSizeEstimate
@@ -71,7 +72,7 @@ class _HeadStart:
     results: dict[int, MiniBatch] = field(default_factory=dict)
 
 
-class PipelinedLoader(Planned):
+class PipelinedLoader(QueuedLoader):
     """The training batches of ``source`` through the multi-queue pipeline run by ``settings``.
 
     ``plan``: the coming epoch's ``EpochPlan``, or a function returning it (asked at every epoch
@@ -84,28 +85,20 @@ class PipelinedLoader(Planned):
         settings: PipelineSettings | None = None,
         plan: EpochPlan | Callable[[], EpochPlan] | None = None,
     ):
-        super().__init__(plan)
-        self.source = source
-        self.settings = settings = settings if settings is not None else PipelineSettings()
-        self.num_workers = settings.workers(self.plan().ranks_on_node)
-        self.fixed_q = settings.fixed_queue_size
-        self.cpu_capacity = settings.cpu_capacity(self.num_workers)
-        self.producer_choice = ProducerChoice(settings.producer)
-        self.sizer = AdaptiveQueueSize(
+        settings = settings if settings is not None else PipelineSettings()
+        sizer = AdaptiveQueueSize(
             warmup=settings.warmup_batches, window=settings.window_batches, margin=settings.memory_margin
         )
+        super().__init__(source, plan, settings.fixed_queue_size, sizer)
+        self.settings = settings
+        self.num_workers = settings.workers(self.plan().ranks_on_node)
+        self.cpu_capacity = settings.cpu_capacity(self.num_workers)
+        self.producer_choice = ProducerChoice(settings.producer)
         self.pool: SamplerWorkerPool | None = None
         self.mover: DeviceMover | None = None
         self.generation = 0
         self._head: _HeadStart | None = None
         self._run: _EpochRun | None = None
-
-    def __len__(self) -> int:
-        return self.source.num_batches(self.plan().world_size)
-
-    @property
-    def queue_size(self) -> int:
-        return self.fixed_q if self.fixed_q is not None else self.sizer.q
 
     @property
     def queue_size_history(self) -> list[QueueSizeEstimate]:
