@@ -108,7 +108,7 @@ class Relabeler:
     Keeps the destination nodes as a prefix of the sources (for SAGE's self features) without a
     hash map. The new sources are ordered either by a sort of them (O(m log m)) or, when the graph
     is small against them, by flagging them in a byte map and scanning it (O(N / 8)); both give the
-    same ascending ids. One instance per process; not thread-safe.
+    same ascending ids. On a GPU, one ``unique`` (``distinct_where``). One instance per process; not thread-safe.
     """
 
     def __init__(self, num_nodes: int):
@@ -128,29 +128,27 @@ class Relabeler:
             self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=device)
         slot = self._slot  # index_select/index_fill_ below: 1-D fancy indexing is much slower
         slot.index_copy_(0, prefix, torch.arange(prefix.numel(), device=device))
-        new = self._new_ids(others, slot.index_select(0, others) < 0)
+        if others.is_cuda:
+            new = distinct_where(others, slot.index_select(0, others) < 0, self.num_nodes)
+        elif self.num_nodes > SCAN_PER_SORTED_ID * others.numel():
+            new = sorted_distinct(others[slot.index_select(0, others) < 0])
+        else:
+            new = self._scan_new(others, prefix)
         slot.index_copy_(0, new, torch.arange(prefix.numel(), prefix.numel() + new.numel(), device=device))
         local = slot.index_select(0, others)
         nodes = torch.cat([prefix, new])
         slot.index_fill_(0, nodes, -1)  # leave the scratch clean for the next call
         return nodes, local
 
-    def _new_ids(self, others: Tensor, is_new: Tensor) -> Tensor:
-        """The distinct ``others`` where ``is_new``, ascending (on a GPU ``distinct_where``)."""
-        if others.is_cuda:
-            return distinct_where(others, is_new, self.num_nodes)
-        return self._distinct(others[is_new])
-
-    def _distinct(self, ids: Tensor) -> Tensor:
-        """The distinct values of ``ids``, ascending. On the CPU, unless the graph is large
-        against them, without a sort: flag them in a byte map of all nodes, find the 8-byte words
-        holding a flag, then the flags inside those words (the map is cleared again)."""
-        if ids.is_cuda or self.num_nodes > SCAN_PER_SORTED_ID * ids.numel():
-            return sorted_distinct(ids)
+    def _scan_new(self, others: Tensor, prefix: Tensor) -> Tensor:
+        """The distinct ``others`` not in ``prefix``, ascending, without a sort: flag ``others`` in
+        a byte map of all nodes and unflag ``prefix``, find the 8-byte words holding a flag, then
+        the flags inside those words (the map is cleared again)."""
         if self._flags is None:
             self._flags = torch.zeros(-(-self.num_nodes // 8) * 8, dtype=torch.uint8)
         flags = self._flags
-        flags.index_fill_(0, ids, 1)
+        flags.index_fill_(0, others, 1)
+        flags.index_fill_(0, prefix, 0)
         words = torch.nonzero(flags.view(torch.int64)).squeeze(1)
         within = torch.nonzero(flags.view(-1, 8).index_select(0, words).view(-1)).squeeze(1)
         distinct = words.index_select(0, within.bitwise_right_shift(3)).mul_(8).add_(within.bitwise_and(7))

@@ -38,6 +38,6 @@ def test_device_sampling_benchmark_smoke_runs(tmp_path):
     assert not any("failed" in r["site"] for r in syncs)
     # on the CPU and a graph this small against a batch, the new sources are ordered through the
     # byte map: its two nonzero once per layer, no unique
-    distinct = [r for r in syncs if r["sampler"] == "sage 15,10,5" and "_distinct" in r["site"]]
+    distinct = [r for r in syncs if r["sampler"] == "sage 15,10,5" and "_scan_new" in r["site"]]
     assert [(r["op"], r["per_batch"]) for r in distinct] == [("nonzero", 3.0), ("nonzero", 3.0)]
     assert not any(r["op"] == "unique" for r in syncs if r["sampler"] == "sage 15,10,5")
