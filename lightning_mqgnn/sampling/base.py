@@ -16,23 +16,24 @@ def row_positions(
     starts: Tensor, counts: Tensor, out: Tensor | None = None, total: int | None = None
 ) -> Tensor:
     """``cat([arange(s, s + c) for s, c in zip(starts, counts)])``: the CSR positions of whole
-    rows (empty rows allowed). On the CPU one cumulative sum: steps are 1 except where a row
-    begins, where the step jumps from the previous row's last position to the row's start. On a
-    GPU ``row_positions_by_repeat``, which waits for the device once (the total) instead of twice,
-    and not at all when the caller knows ``total`` (``counts.sum()``).
-    ``out``: an int64 buffer of at least the total length to write into (a ``Workspace``'s)."""
+    rows (empty rows allowed). On the CPU one cumulative sum of steps that are 1 except at a row's
+    first position, where each row adds its jump from the previous row's end to its own start
+    (an empty row's jumps telescope into the next row's; trailing ones land in a spare entry). On
+    a GPU ``row_positions_by_repeat``, which waits for the device once (the total) instead of
+    twice, and not at all when the caller knows ``total`` (``counts.sum()``).
+    ``out``: an int64 buffer to write into when it holds ``total + 1`` entries (a ``Workspace``'s)."""
     if starts.is_cuda:
         return row_positions_by_repeat(starts, counts, out, total)
-    if not bool((counts > 0).all()):
-        keep = counts > 0
-        starts, counts = starts[keep], counts[keep]
     total = int(counts.sum()) if total is None else total
     if total == 0:
         return torch.zeros(0, dtype=torch.int64, device=starts.device)
-    step = torch.ones(total, dtype=torch.int64, device=starts.device) if out is None else out[:total].fill_(1)
-    last_before = torch.cat([starts.new_zeros(1), (starts + counts)[:-1] - 1])  # before the first: 0
-    step[torch.cumsum(counts, 0) - counts] = starts - last_before
-    return step.cumsum_(0)
+    if out is None or out.numel() <= total:
+        out = torch.empty(total + 1, dtype=torch.int64, device=starts.device)
+    step = out[: total + 1].fill_(1)
+    ends = starts + counts
+    jumps = starts - torch.cat([ends.new_ones(1), ends[:-1]])  # before the first row: position 0 + 1
+    step.index_add_(0, torch.cumsum(counts, 0) - counts, jumps)
+    return step[:total].cumsum_(0)
 
 
 def row_positions_by_repeat(

@@ -287,7 +287,7 @@ def in_edge_candidates(
         pos = row_positions(starts, deg)
         return CandidateEdges(graph.indices.index_select(0, pos), deg), pos
     total = int(deg.sum())
-    pos = row_positions(starts, deg, out=workspace.take("positions", total, torch.int64, dst.device))
+    pos = row_positions(starts, deg, out=workspace.take("positions", total + 1, torch.int64, dst.device))
     src = workspace.take("sources", total, graph.indices.dtype, dst.device)
     return CandidateEdges(torch.index_select(graph.indices, 0, pos, out=src), deg), pos
 
