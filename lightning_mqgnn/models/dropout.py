@@ -6,7 +6,9 @@ bits per element from the Mersenne twister cost as much as a third of a SAGE ste
 element: random bytes are expanded through a 256-row table whose row ``v`` holds the ``8 / b``
 mask values that byte ``v`` encodes, one gather for the whole mask. Other rates use 16 bits per
 element, i.e. ``p`` rounded to a multiple of 2^-16. Kept entries are scaled by the exact
-``1 / (1 - p_used)``, so the layer stays unbiased. On CUDA, whose RNG is fast, it is
+``1 / (1 - p_used)``, so the layer stays unbiased (in bfloat16 or float16, as under
+``precision="bf16-mixed"``, that scale as the dtype holds it: exact for the table's rates, which
+are powers of two and their ratios 4/3 and 8/7 aside). On CUDA, whose RNG is fast, it is
 ``F.dropout(F.relu(h))``.
 
 ReLU and the mask share one autograd node: ``relu(h) * m == max(h * m, 0)`` because ``m >= 0``, so
@@ -50,39 +52,44 @@ def _random_words(num_bytes: int, generator: torch.Generator | None) -> Tensor:
     return draws.view(torch.uint8)
 
 
-_tables: dict[tuple[int, int], Tensor] = {}
+MASK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_tables: dict[tuple[int, int, torch.dtype], Tensor] = {}
 
 
-def _byte_table(bits: int, dropped: int) -> Tensor:
+def _byte_table(bits: int, dropped: int, dtype: torch.dtype) -> Tensor:
     """Row ``v``: the ``8 // bits`` mask values byte ``v`` encodes (lane ``j`` = bits ``j*b ..``),
     0 where the lane's value is below ``dropped`` (of ``2^bits`` levels), else the kept scale."""
-    key = (bits, dropped)
+    key = (bits, dropped, dtype)
     if key not in _tables:
         levels = 1 << bits
         lanes = 8 // bits
         values = torch.arange(256).unsqueeze(1) >> (torch.arange(lanes) * bits) & (levels - 1)
         scale = levels / (levels - dropped)
-        _tables[key] = torch.where(values >= dropped, scale, 0.0).to(torch.float32)
+        _tables[key] = torch.where(values >= dropped, scale, 0.0).to(dtype)
     return _tables[key]
 
 
-def keep_scale(p: float) -> float:
-    """The value of a kept entry of the CPU mask: ``1 / (1 - quantised_drop_probability(p))``."""
-    return 1.0 / (1.0 - quantised_drop_probability(p))
+def keep_scale(p: float, dtype: torch.dtype = torch.float32) -> float:
+    """The value of a kept entry of the CPU mask in ``dtype``: ``1 / (1 -
+    quantised_drop_probability(p))`` as that dtype holds it."""
+    return float(torch.tensor(1.0 / (1.0 - quantised_drop_probability(p)), dtype=dtype))
 
 
-def random_keep_mask(shape: torch.Size, p: float, generator: torch.Generator | None = None) -> Tensor:
-    """A float32 mask: 0 with probability ``quantised_drop_probability(p)``, else 1/(1 - that)."""
+def random_keep_mask(
+    shape: torch.Size, p: float, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """A mask of ``dtype``: 0 with probability ``quantised_drop_probability(p)``, else
+    ``keep_scale(p, dtype)``."""
     n = math.prod(shape)
     bits = mask_bits(p)
     if bits < 16:
         dropped = round(p * (1 << bits))
-        table = _byte_table(bits, dropped)
+        table = _byte_table(bits, dropped, dtype)
         words = _random_words((n * bits + 7) // 8, generator)
         return table.index_select(0, words.long()).view(-1)[:n].view(shape)
     words = _random_words(2 * n, generator).view(torch.int16)[:n].view(shape)  # uniform on [-2^15, 2^15)
     dropped = round(p * _LEVELS)
-    return torch.where(words >= dropped - _LEVELS // 2, _LEVELS / (_LEVELS - dropped), 0.0).to(torch.float32)
+    return torch.where(words >= dropped - _LEVELS // 2, keep_scale(p, dtype), 0.0).to(dtype)
 
 
 class _ReLUMasked(torch.autograd.Function):
@@ -116,9 +123,10 @@ class ReLUDropout(nn.Module):
     def forward(self, h: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return torch.relu(h)
-        if h.device.type != "cpu" or h.dtype != torch.float32:
+        if h.device.type != "cpu" or h.dtype not in MASK_DTYPES:
             return F.dropout(torch.relu(h), self.p, training=True)
-        return _ReLUMasked.apply(h, random_keep_mask(h.shape, self.p), keep_scale(self.p))
+        mask = random_keep_mask(h.shape, self.p, dtype=h.dtype)
+        return _ReLUMasked.apply(h, mask, keep_scale(self.p, h.dtype))
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

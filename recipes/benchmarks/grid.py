@@ -36,6 +36,7 @@ REPO = RECIPES.parent
 TWO_RANKS = ["trainer.accelerator=cpu", "trainer.devices=2", "loader=pipeline"]
 CONFIG_OVERRIDES = {
     "sequential": ["loader=sequential"],
+    "sequential_bf16": ["loader=sequential", "trainer.precision=bf16-mixed"],
     "pipeline": ["loader=pipeline"],
     "pipeline_gns": ["loader=pipeline"],  # with model=<model>_gns
     "ddp": [*TWO_RANKS, "strategy=ddp"],

@@ -69,3 +69,40 @@ def test_eval_mode_and_zero_rate_are_relu_and_bad_rates_are_refused():
     assert torch.equal(ReLUDropout(0.5).eval()(h), F.relu(h))
     with pytest.raises(ValueError, match="dropout probability"):
         ReLUDropout(1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("p", [0.5, 0.25, 0.3])
+def test_half_precision_inputs_get_a_mask_of_their_dtype_with_its_gradient(p, dtype):
+    """Under ``precision="bf16-mixed"`` the activations are bfloat16: the mask is made in that
+    dtype (no Bernoulli draw per element), kept entries are the scale as the dtype holds it, and
+    the mean is kept up to that rounding."""
+    layer = ReLUDropout(p)
+    h = torch.randn(400, 250).to(dtype).requires_grad_()
+    torch.manual_seed(7)
+    out = layer(h)
+    torch.manual_seed(7)
+    mask = random_keep_mask(h.shape, p, dtype=dtype)
+    scale = keep_scale(p, dtype)
+    assert out.dtype == mask.dtype == dtype
+    assert set(mask.unique().tolist()) == {0.0, scale}
+    assert abs(scale - 1 / (1 - quantised_drop_probability(p))) <= 2**-7 / (1 - p)  # bf16: 8 bits
+    assert torch.equal(out.detach(), torch.relu(h.detach()) * mask)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    assert torch.equal(h.grad, grad * mask * (h.detach() > 0))
+    q = quantised_drop_probability(p)
+    dropped = (mask == 0).double().mean().item()
+    assert abs(dropped - q) < 5 * (q * (1 - q) / mask.numel()) ** 0.5
+
+
+def test_relu_dropout_under_cpu_autocast_keeps_bfloat16_and_draws_no_bernoulli():
+    from torch.profiler import ProfilerActivity, profile
+
+    linear = torch.nn.Linear(32, 64)
+    layer = ReLUDropout(0.5)
+    x = torch.randn(128, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16), profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = layer(linear(x))
+    assert out.dtype == torch.bfloat16
+    assert not any("bernoulli" in e.name for e in prof.events())
