@@ -93,6 +93,7 @@ def run_dgl_baseline(
     num_workers: int = 0,
     lr: float = 1e-3,
     dropout: float = 0.5,
+    bf16: bool = False,
 ) -> dict:
     """Train with DGL's own loader and layers; return timings and the best-validation test score.
 
@@ -131,8 +132,9 @@ def run_dgl_baseline(
         net.train()
         t_epoch = t_batch = time.perf_counter()
         for _input_nodes, _output_nodes, blocks in loader:
-            logits = net(blocks, blocks[0].srcdata["feat"])
-            loss = node_loss(logits, blocks[-1].dstdata["label"], dataset.multilabel)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # as bf16-mixed
+                logits = net(blocks, blocks[0].srcdata["feat"])
+            loss = node_loss(logits.float(), blocks[-1].dstdata["label"], dataset.multilabel)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -155,6 +157,7 @@ def run_dgl_baseline(
         "hidden": hidden,
         "seed": seed,
         "num_workers": num_workers,
+        "bf16": bf16,
         "metric": dataset.metric,
         "batches_per_epoch": len(loader),
         "batch_times": batch_times,
@@ -208,6 +211,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument(
+        "--bf16", action="store_true", help="forward under CPU autocast to bfloat16 (as precision=bf16-mixed)"
+    )
     parser.add_argument("--json", type=Path, help="write the full result (with per-batch times) here")
     args = parser.parse_args(argv)
     if args.threads:
@@ -222,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         hidden=args.hidden,
         seed=args.seed,
         num_workers=args.num_workers,
+        bf16=args.bf16,
     )
     epoch = sum(result["epoch_times"]) / len(result["epoch_times"])
     print(

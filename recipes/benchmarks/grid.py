@@ -43,6 +43,12 @@ CONFIG_OVERRIDES = {
     "mqgnn": [*TWO_RANKS, "strategy=mqgnn"],
 }
 BASELINES = ("sequential", "dgl")
+DGL_CONFIGS = ("dgl", "dgl_bf16")  # DGL's loop, and the same with its forward under bf16 autocast
+
+
+def dgl_of(config: str) -> str:
+    """The DGL run a configuration is compared with: the one in the same precision."""
+    return "dgl_bf16" if config.endswith("_bf16") else "dgl"
 
 
 class GPUProbe:
@@ -128,7 +134,7 @@ def run_ours(config: str, model: str, dataset: str, seed: int, args) -> dict:
     }
 
 
-def run_dgl(model: str, dataset: str, seed: int, args) -> dict:
+def run_dgl(model: str, dataset: str, seed: int, args, bf16: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "dgl.json"
         cmd = [
@@ -140,6 +146,7 @@ def run_dgl(model: str, dataset: str, seed: int, args) -> dict:
             f"--batch-size={args.batch_size}",
             f"--seed={seed}",
             f"--json={out}",
+            *(["--bf16"] if bf16 else []),
         ]
         proc, timeline = monitored(cmd, args.timeout)
         if proc.returncode != 0:
@@ -186,7 +193,7 @@ def summarise(runs: list[dict]) -> list[str]:
     ]
     for (dataset, model, config), rs in groups.items():
         speedups = []
-        for base in BASELINES:
+        for base in ("sequential", dgl_of(config)):
             ref = epoch.get((dataset, model, base))
             speedups.append(f"{ref / epoch[(dataset, model, config)]:.2f}x" if ref else "-")
         batch = statistics.mean(r["batch_time_ms"] for r in rs)
@@ -306,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out / 'speedup.png'} and {args.out / 'utilisation.png'} from {saved}")
         return 0
     configs = args.configs.split(",")
-    unknown = [c for c in configs if c != "dgl" and c not in CONFIG_OVERRIDES]
+    unknown = [c for c in configs if c not in DGL_CONFIGS and c not in CONFIG_OVERRIDES]
     if unknown:
         parser.error(f"unknown configurations {unknown}; choose from {sorted(CONFIG_OVERRIDES) + ['dgl']}")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -316,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.models.split(","):
             for config in configs:
                 for seed in (int(s) for s in args.seeds.split(",")):
-                    if config == "dgl":
-                        result = run_dgl(model, dataset, seed, args)
+                    if config in DGL_CONFIGS:
+                        result = run_dgl(model, dataset, seed, args, bf16=config == "dgl_bf16")
                     else:
                         result = run_ours(config, model, dataset, seed, args)
                     result.update(dataset=dataset, model=model, config=config, seed=seed)
