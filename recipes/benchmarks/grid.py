@@ -42,7 +42,6 @@ CONFIG_OVERRIDES = {
     "ddp": [*TWO_RANKS, "strategy=ddp"],
     "mqgnn": [*TWO_RANKS, "strategy=mqgnn"],
 }
-BASELINES = ("sequential", "dgl")
 DGL_CONFIGS = ("dgl", "dgl_bf16")  # DGL's loop, and the same with its forward under bf16 autocast
 
 
