@@ -7,8 +7,8 @@ element: random bytes are expanded through a 256-row table whose row ``v`` holds
 mask values that byte ``v`` encodes, one gather for the whole mask. Other rates use 16 bits per
 element, i.e. ``p`` rounded to a multiple of 2^-16. Kept entries are scaled by the exact
 ``1 / (1 - p_used)``, so the layer stays unbiased (in bfloat16 or float16, as under
-``precision="bf16-mixed"``, that scale as the dtype holds it: exact for the table's rates, which
-are powers of two and their ratios 4/3 and 8/7 aside). On CUDA, whose RNG is fast, it is
+``precision="bf16-mixed"``, the scale as that dtype holds it: exact where it is a power of two,
+as for p = 0.5 or 0.75, rounded otherwise, e.g. 4/3 for p = 0.25). On CUDA, whose RNG is fast, it is
 ``F.dropout(F.relu(h))``.
 
 ReLU and the mask share one autograd node: ``relu(h) * m == max(h * m, 0)`` because ``m >= 0``, so

@@ -109,7 +109,8 @@ class Relabeler:
     Keeps the destination nodes as a prefix of the sources (for SAGE's self features) without a
     hash map. The new sources are ordered either by a sort of them (O(m log m)) or, when the graph
     is small against them, by flagging them in a byte map and scanning it (O(N / 8)); both give the
-    same ascending ids. On a GPU, one ``unique`` (``distinct_where``). One instance per process; not thread-safe.
+    same ascending ids. On a GPU, one ``unique`` (``distinct_where``). One instance per process;
+    not thread-safe.
     """
 
     def __init__(self, num_nodes: int):
