@@ -130,12 +130,15 @@ class Relabeler:
             self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=device)
         slot = self._slot  # index_select/index_fill_ below: 1-D fancy indexing is much slower
         slot.index_copy_(0, prefix, torch.arange(prefix.numel(), device=device))
-        if others.is_cuda:
-            new = distinct_where(others, slot.index_select(0, others) < 0, self.num_nodes)
-        elif self.num_nodes > SCAN_PER_SORTED_ID * others.numel():
-            new = sorted_distinct(others[slot.index_select(0, others) < 0])
-        else:
+        if not others.is_cuda and self.num_nodes <= SCAN_PER_SORTED_ID * others.numel():
             new = self._scan_new(others, prefix)
+        else:
+            is_new = slot.index_select(0, others) < 0
+            new = (
+                distinct_where(others, is_new, self.num_nodes)
+                if others.is_cuda
+                else sorted_distinct(others[is_new])
+            )
         slot.index_copy_(0, new, torch.arange(prefix.numel(), prefix.numel() + new.numel(), device=device))
         local = slot.index_select(0, others)
         nodes = torch.cat([prefix, new])
