@@ -4,10 +4,11 @@
 # does not stop the next):
 #   tests     the gpu-marked tests (<= 200 s)
 #   step      the training step against its floor on CUDA, products_like_1m, SAGE and GCN,
-#             bare loop and trainer (recipes/bench.py step; <= 150 s)
-#   pipeline  products_like_1m (1.03M nodes), 2-layer SAGE and GCN 5,5: sequential, CPU-worker
-#             pipeline and device-resident, whole epochs (bench.py device_sampling --parts speed;
+#             bare loop and trainer, steps from CUDA graphs and eager (recipes/bench.py step;
 #             <= 200 s)
+#   pipeline  products_like_1m (1.03M nodes), 2-layer SAGE and GCN 5,5: sequential, CPU-worker
+#             pipeline and device-resident, whole epochs, CUDA graphs on and off (bench.py
+#             device_sampling --parts speed; <= 300 s)
 #   device    the device-sampling benchmark at its defaults: products_like scale 1.0, SALIENT's
 #             and the paper's configuration, host-sync census, accuracy (<= 360 s)
 # Results (markdown and JSON, rewritten after every measurement) go to $OUT when set, else
@@ -18,6 +19,7 @@
 #   WHEELS=DIR      install the wheels in DIR first (a machine without a package index; into
 #                   /tmp/gpu_check_site, put on PYTHONPATH), else pip install -e .[dev] if imports fail
 #   BENCH_ARGS=...  more options for the device stage, e.g. "--scale 0.5 --batches 30"
+#   PIPELINE_ARGS=...  more options for the pipeline stage, e.g. "--loaders pipeline,device"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -64,13 +66,14 @@ for stage in $STAGES; do
       run_stage "gpu tests" 200 "$OUT_DIR/pytest_gpu.txt" \
         "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider tests ;;
     step)
-      run_stage "training step on CUDA" 150 "$OUT_DIR/step.txt" \
+      run_stage "training step on CUDA" 200 "$OUT_DIR/step.txt" \
         "$PYTHON" recipes/bench.py step --data products_like_1m --models sage,gcn --device cuda \
-        --steps 60 --out "$OUT_DIR/step.md" ;;
+        --steps 40 --cuda-graphs on,off --out "$OUT_DIR/step.md" ;;
     pipeline)
-      run_stage "pipeline on products_like_1m" 200 "$OUT_DIR/pipeline.txt" \
+      # shellcheck disable=SC2086
+      run_stage "pipeline on products_like_1m" 300 "$OUT_DIR/pipeline.txt" \
         "$PYTHON" recipes/bench.py device_sampling --scale 0.42 --configs paper,paper_gcn --parts speed \
-        --epochs 3 --batches 0 --out "$OUT_DIR/products_1m" ;;
+        --epochs 3 --batches 0 --cuda-graphs on,off --out "$OUT_DIR/products_1m" ${PIPELINE_ARGS:-} ;;
     device)
       # shellcheck disable=SC2086
       run_stage "device sampling benchmark" 360 "$OUT_DIR/device.txt" \

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
+from lightning_mqgnn.models.cuda_graphs import CUDAGraphSteps
 from lightning_mqgnn.models.dropout import ReLUDropout
 from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference
 from lightning_mqgnn.models.layers import layer_stack
@@ -28,7 +29,9 @@ class NodeClassifierBase(pl.LightningModule):
     ``aggregation`` (``Sampler.aggregation``) whose block weights those layers expect.
     ``accepts_aggregated_inputs``: whether the module takes batches whose first layer the gather
     stage has aggregated (``MiniBatch.aggregated``); the DataModule only aggregates for modules
-    that say so.
+    that say so. ``cuda_graphs``: on a GPU, replay the step's forward and backward from CUDA graphs
+    (``models/cuda_graphs.py``) in a single-process run without autocast; for subclasses whose
+    ``forward(blocks, x)`` is made of capturable operations only.
     """
 
     accepts_aggregated_inputs: bool = False
@@ -43,6 +46,7 @@ class NodeClassifierBase(pl.LightningModule):
         weight_decay: float,
         metric: str,
         multilabel: bool,
+        cuda_graphs: bool = False,
     ):
         super().__init__()
         self.layers = nn.ModuleList(layers)
@@ -55,6 +59,7 @@ class NodeClassifierBase(pl.LightningModule):
         self.val_metric = make_metric(metric, num_classes, multilabel)
         self.test_metric = make_metric(metric, num_classes, multilabel)
         self._inference: FullGraphInference | None = None
+        self._graph_steps = CUDAGraphSteps() if cuda_graphs else None
 
     @override
     def forward(self, blocks: list[Block], x: Tensor) -> Tensor:
@@ -80,13 +85,24 @@ class NodeClassifierBase(pl.LightningModule):
             raise ValueError(
                 f"mini-batch has {len(batch.blocks)} blocks, model has {len(self.layers)} layers"
             )
-        logits = self.batch_logits(batch)
-        loss = node_loss(logits, batch.labels, self.multilabel)
+        loss = self._graphed_loss(batch)
+        if loss is None:
+            loss = node_loss(self.batch_logits(batch), batch.labels, self.multilabel)
         if self._logging_step():
             # on the host: Lightning turns a progress-bar value into a number after every batch,
             # which for a GPU tensor is a wait for the device each step, not only on this one
             self.log("train/loss", loss.detach().cpu(), prog_bar=True, batch_size=batch.output_nodes.numel())
         return loss
+
+    def _graphed_loss(self, batch: MiniBatch) -> Tensor | None:
+        """The loss replayed from this module's CUDA graphs, or None where the step runs eagerly:
+        graphs off, a batch on the host, autocast (whose cast cache a graph cannot hold), or several
+        processes (gradient hooks of DDP-like strategies are not captured)."""
+        if self._graph_steps is None or batch.labels is None or not batch.labels.is_cuda:
+            return None
+        if torch.is_autocast_enabled("cuda") or (self._trainer is not None and self._trainer.world_size > 1):
+            return None
+        return self._graph_steps.loss(self, batch)
 
     def _logging_step(self) -> bool:
         """Whether this step reaches the logger: ``self.log`` costs Python time on every call, so
@@ -145,7 +161,8 @@ class NodeClassifier(NodeClassifierBase):
     """A stack of GCN or SAGE layers (paper: 2 layers, hidden 256, Adam lr 1e-3).
 
     Trains on ``MiniBatch``es from any sampler whose ``aggregation`` matches the layer type, with
-    feature rows or with the first layer aggregated in the gather stage.
+    feature rows or with the first layer aggregated in the gather stage; on a GPU its steps replay
+    CUDA graphs unless ``cuda_graphs=False``.
     """
 
     accepts_aggregated_inputs = True
@@ -162,6 +179,7 @@ class NodeClassifier(NodeClassifierBase):
         weight_decay: float = 0.0,
         metric: str = "accuracy",
         multilabel: bool = False,
+        cuda_graphs: bool = True,
     ):
         super().__init__(
             layer_stack(conv, in_dim, hidden, num_classes, num_layers),
@@ -172,6 +190,7 @@ class NodeClassifier(NodeClassifierBase):
             weight_decay=weight_decay,
             metric=metric,
             multilabel=multilabel,
+            cuda_graphs=cuda_graphs,
         )
         self.save_hyperparameters()
 

@@ -106,6 +106,7 @@ class SpeedRow:
     sample_ms: float | None
     gather_ms: float | None
     placement: str
+    cuda_graphs: bool = True
 
     @property
     def whole_epoch_s(self) -> float:
@@ -185,7 +186,7 @@ def datamodule(ds: GraphDataset, loader: str, config: dict, batch_size: int, see
     return MQGNNDataModule(ds, sampler, batch_size=batch_size, seed=seed, aggregate_inputs=True, **options)
 
 
-def module_for(ds: GraphDataset, config: dict, seed: int) -> NodeClassifier:
+def module_for(ds: GraphDataset, config: dict, seed: int, cuda_graphs: bool = True) -> NodeClassifier:
     torch.manual_seed(seed)
     return NodeClassifier(
         ds.num_features,
@@ -196,6 +197,7 @@ def module_for(ds: GraphDataset, config: dict, seed: int) -> NodeClassifier:
         dropout=0.5,
         lr=1e-3,
         metric=ds.metric,
+        cuda_graphs=cuda_graphs,
     )
 
 
@@ -203,7 +205,7 @@ def ms(values: list[float]) -> float | None:
     return 1000.0 * statistics.fmean(values) if values else None
 
 
-def speed_run(ds: GraphDataset, config: str, loader: str, args) -> SpeedRow:
+def speed_run(ds: GraphDataset, config: str, loader: str, args, cuda_graphs: bool = True) -> SpeedRow:
     c = CONFIGS[config]
     batch_size = args.batch_size or c["batch_size"]
     dm = datamodule(ds, loader, c, batch_size, 0, args.num_workers)
@@ -217,7 +219,7 @@ def speed_run(ds: GraphDataset, config: str, loader: str, args) -> SpeedRow:
         torch.cuda.reset_peak_memory_stats()
     trainer = trainer_for([clock, timer, busy], args.epochs, batches)
     try:
-        trainer.fit(module_for(ds, c, 0), dm)
+        trainer.fit(module_for(ds, c, 0, cuda_graphs), dm)
     finally:
         dm.shutdown_pipeline()
     later = clock.epochs[1:] or clock.epochs
@@ -236,6 +238,7 @@ def speed_run(ds: GraphDataset, config: str, loader: str, args) -> SpeedRow:
         sample_ms=ms(clock.sample_s),
         gather_ms=ms(clock.gather_s),
         placement=placement,
+        cuda_graphs=cuda_graphs,
     )
 
 
@@ -321,13 +324,14 @@ def fmt(x, spec: str = ".1f") -> str:
 
 def speed_table(rows: list[SpeedRow]) -> list[str]:
     lines = [
-        "| config | loader | batches | epoch (s) | whole epoch (s) | first epoch (s) | batch (ms) "
+        "| config | loader | CUDA graphs | batches | epoch (s) | whole epoch (s) | first epoch (s) | batch (ms) "
         "| GPU busy | peak device (MiB) | device sample (ms) | device gather (ms) | placement |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        graphs = ("on" if r.cuda_graphs else "off") if torch.cuda.is_available() else "-"
         lines.append(
-            f"| {r.config} | {r.loader} | {r.batches}/{r.epoch_batches} | {r.epoch_s:.2f} "
+            f"| {r.config} | {r.loader} | {graphs} | {r.batches}/{r.epoch_batches} | {r.epoch_s:.2f} "
             f"| {r.whole_epoch_s:.2f} | {r.first_epoch_s:.2f} | {r.batch_ms:.1f} "
             f"| {fmt(r.gpu_busy, '.0%')} | {fmt(r.peak_device_mib, '.0f')} "
             f"| {fmt(r.sample_ms, '.2f')} | {fmt(r.gather_ms, '.2f')} | {r.placement} |"
@@ -358,6 +362,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--parts", default=",".join(PARTS), help=f"what to measure, among {','.join(PARTS)}")
     p.add_argument("--configs", default="salient,paper")
     p.add_argument("--loaders", default="sequential,pipeline,device")
+    p.add_argument(
+        "--cuda-graphs",
+        default="on",
+        help="on, off, or on,off (an A/B in one run): the training steps replayed from CUDA graphs or eager",
+    )
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batches", type=int, default=40, help="CPU loaders' batches per epoch (0: all)")
     p.add_argument("--device-batches", type=int, default=0, help="device loader's batches per epoch (0: all)")
@@ -389,6 +398,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.loaders = [x for x in args.loaders.split(",") if x]
     args.accuracy_datasets = [d for d in args.accuracy_datasets.split(",") if d]
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    if set(args.cuda_graphs.split(",")) - {"on", "off"}:
+        p.error(f"--cuda-graphs takes on, off or on,off, got {args.cuda_graphs!r}")
+    args.cuda_graphs = [x == "on" for x in args.cuda_graphs.split(",")]
+    if not torch.cuda.is_available():  # nothing to compare: steps on the CPU run eagerly
+        args.cuda_graphs = args.cuda_graphs[:1]
     for name, known, what in (
         (args.parts, PARTS, "part"),
         (args.configs, CONFIGS, "config"),
@@ -430,9 +444,10 @@ def main(argv: list[str]) -> int:
     census: list[SyncRow] = []
     for config in args.configs if "speed" in args.parts else []:
         for loader in args.loaders:
-            speed.append(speed_run(ds, config, loader, args))
-            print(speed_table(speed[-1:])[-1], flush=True)
-            save_json(args, speed, accuracy, census)
+            for graphs in args.cuda_graphs:
+                speed.append(speed_run(ds, config, loader, args, graphs))
+                print(speed_table(speed[-1:])[-1], flush=True)
+                save_json(args, speed, accuracy, census)
     if "census" in args.parts:
         census = sync_census(ds, args.census_batches, args.batch_size or 1024)
         save_json(args, speed, accuracy, census)

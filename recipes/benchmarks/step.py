@@ -14,7 +14,9 @@ per-operator self time (CPU time on CPU, kernel time on CUDA) is sorted into GEM
 "rest" is the wall time no operator accounts for (Python, hooks, logging), on CUDA "host" is the
 wall time the GPU is not running a kernel, beside the share of the step it is ("kernels / step")
 and the host syncs a step makes (CUDA's sync debug mode). ``step / floor`` is the timed step over
-GEMM time.
+GEMM time. On CUDA the kernels are counted by themselves (GEMM: the kernels named so), so steps
+replayed from CUDA graphs (``--cuda-graphs``), whose kernels no operator launches, count too; the
+per-operator columns are then empty.
 Steps are timed start to start without a synchronisation each, so on CUDA a step's time is the
 pace of the slower of host and device, as in training.
 """
@@ -32,6 +34,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from hydra.utils import instantiate
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks._report import machine_header, write_report
@@ -48,6 +51,7 @@ GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv", 
 AGGREGATION = ("embedding_bag", "argsort", "aten::sort", "bincount", "repeat_interleave", "cumsum")
 RNG = ("random_", "uniform_", "bernoulli", "normal_", "randint", "rand")
 COPY = ("copy_", "aten::to", "_to_copy", "contiguous", "clone", "aten::cat", "index_select")
+GEMM_KERNELS = ("gemm", "cutlass", "cublas")  # how GEMM kernels are named (cuBLAS, CUTLASS)
 
 
 def category(name: str, under_optimiser: bool) -> str:
@@ -88,6 +92,20 @@ def split_by_category(events: Iterable, cuda: bool) -> dict[str, float]:
     return totals
 
 
+def kernel_seconds(events: Iterable) -> tuple[float, float]:
+    """Seconds of every device kernel and copy, and of the GEMM kernels, over ``events`` of a CUDA
+    profile, read from the kernels themselves: those a CUDA graph replays have no operator."""
+    total = gemm = 0.0
+    for event in events:
+        if event.device_type != DeviceType.CUDA:
+            continue
+        seconds = event.self_device_time_total * 1e-6
+        total += seconds
+        if any(key in event.name.lower() for key in GEMM_KERNELS):
+            gemm += seconds
+    return total, gemm
+
+
 def scoped_training_step(module):
     """``module`` with its ``training_step`` inside a profiler scope of that name."""
     step = module.training_step
@@ -100,7 +118,7 @@ def scoped_training_step(module):
     return module
 
 
-def recipe_objects(data: str, model: str, extra: list[str], dataset=None):
+def recipe_objects(data: str, model: str, extra: list[str], dataset=None, cuda_graphs: bool = True):
     """Dataset, sampler, LightningModule and loader config, exactly as ``recipes/train.py`` builds
     them (``dataset``: one already built from the same data config, reused)."""
     from hydra import compose, initialize_config_dir
@@ -119,6 +137,7 @@ def recipe_objects(data: str, model: str, extra: list[str], dataset=None):
             num_classes=dataset.num_classes,
             metric=dataset.metric,
             multilabel=dataset.multilabel,
+            **({} if cuda_graphs else {"cuda_graphs": False}),
         )
 
     return dataset, sampler, make_module, cfg
@@ -239,8 +258,12 @@ def measure(loop: str, make_module, batches: list, device: torch.device, cfg, wa
     split = split_by_category(prof.events(), cuda)
     per_step = {k: split.get(k, 0.0) / steps[0] for k in CATEGORIES}
     busy = sum(per_step.values())
+    extra = {}
+    if cuda:
+        kernels, gemm = kernel_seconds(prof.events())
+        busy, per_step["gemm"] = kernels / steps[0], gemm / steps[0]
+        extra = {"kernel_share": busy / step_s, "syncs": syncs / steps[0]}
     per_step["rest"] = max(step_s - busy, 0.0)
-    extra = {"kernel_share": busy / step_s, "syncs": syncs / steps[0]} if cuda else {}
     return {"step": step_s, **per_step, **extra}
 
 
@@ -255,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--extra", default="", help="more recipe overrides, space separated")
+    parser.add_argument(
+        "--cuda-graphs", default="on", help="on, off or on,off: steps replayed from CUDA graphs (GPU only)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench_out" / "step.md")
     args = parser.parse_args(argv)
     if args.threads:
@@ -262,29 +288,42 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     rows = [
-        "| model | loop | step ms | GEMM ms | aggregation ms | elementwise ms | RNG ms | copies ms | "
+        "| model | loop |"
+        + (" CUDA graphs |" if cuda else "")
+        + " step ms | GEMM ms | aggregation ms | elementwise ms | RNG ms | copies ms | "
         f"optimiser ms | {'host (GPU idle)' if cuda else 'rest'} ms | step / floor |"
         + (" kernels / step | host syncs / step |" if cuda else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if cuda else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if cuda else ""),
     ]
     dataset = None
+    graph_modes = [x == "on" for x in args.cuda_graphs.split(",")] if cuda else [False]
     for model in args.models.split(","):
-        dataset, sampler, make_module, cfg = recipe_objects(args.data, model, args.extra.split(), dataset)
-        batches = sample_batches(dataset, sampler, cfg, args.batch_size, args.steps, device)
-        for loop in args.loops.split(","):
-            r = measure(loop, make_module, batches, device, cfg, args.warmup)
-            ms = {k: 1e3 * v for k, v in r.items()}
-            rows.append(
-                f"| {model} | {loop} | {ms['step']:.2f} | {ms['gemm']:.2f} | {ms['aggregation']:.2f} | "
-                f"{ms['elementwise']:.2f} | {ms['rng']:.2f} | {ms['copy']:.2f} | {ms['optimiser']:.2f} | "
-                f"{ms['rest']:.2f} | {r['step'] / max(r['gemm'], 1e-9):.2f}x |"
-                + (f" {r['kernel_share']:.0%} | {r['syncs']:.1f} |" if cuda else "")
+        for graphs in graph_modes:
+            dataset, sampler, make_module, cfg = recipe_objects(
+                args.data, model, args.extra.split(), dataset, graphs
             )
-            print(rows[-1], flush=True)
+            if graphs == graph_modes[0]:
+                batches = sample_batches(dataset, sampler, cfg, args.batch_size, args.steps, device)
+            for loop in args.loops.split(","):
+                result = measure(loop, make_module, batches, device, cfg, args.warmup)
+                rows.append(row(model, loop, graphs, cuda, result))
+                print(rows[-1], flush=True)
     header = machine_header("step", argv)
     header.insert(2, f"- data {args.data}, batch {args.batch_size}, {torch.get_num_threads()} torch threads")
     write_report("Training step vs its GEMM floor", header, rows, args.out)
     return 0
+
+
+def row(model: str, loop: str, graphs: bool, cuda: bool, r: dict) -> str:
+    """One table row of ``measure``'s result ``r``."""
+    ms = {k: 1e3 * v for k, v in r.items()}
+    graph_cell = (" on |" if graphs else " off |") if cuda else ""
+    return (
+        f"| {model} | {loop} |{graph_cell} {ms['step']:.2f} | {ms['gemm']:.2f} | {ms['aggregation']:.2f} | "
+        f"{ms['elementwise']:.2f} | {ms['rng']:.2f} | {ms['copy']:.2f} | {ms['optimiser']:.2f} | "
+        f"{ms['rest']:.2f} | {r['step'] / max(r['gemm'], 1e-9):.2f}x |"
+        + (f" {r['kernel_share']:.0%} | {r['syncs']:.1f} |" if cuda else "")
+    )
 
 
 if __name__ == "__main__":
