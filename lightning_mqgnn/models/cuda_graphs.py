@@ -67,9 +67,10 @@ class BucketShape:
 
 
 def bucket_of(batch: MiniBatch) -> BucketShape | None:
-    """The bucket of ``batch``, or None when its step cannot be graphed: features merged from a
-    device cache, or a layer that needs its block's transpose in backward without one."""
-    if batch.cache_slots is not None or batch.labels is None:
+    """The bucket of ``batch``, or None when its step cannot be graphed: no output rows, features
+    merged from a device cache, or a layer that needs its block's transpose in backward without
+    one."""
+    if batch.cache_slots is not None or batch.labels is None or batch.labels.shape[0] == 0:
         return None
     first = 1 if batch.aggregated is not None else 0
     x = batch.aggregated if first else batch.features

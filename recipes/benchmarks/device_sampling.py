@@ -107,6 +107,7 @@ class SpeedRow:
     gather_ms: float | None
     placement: str
     cuda_graphs: bool = True
+    graphs_captured: int = 0
 
     @property
     def whole_epoch_s(self) -> float:
@@ -218,8 +219,9 @@ def speed_run(ds: GraphDataset, config: str, loader: str, args, cuda_graphs: boo
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     trainer = trainer_for([clock, timer, busy], args.epochs, batches)
+    module = module_for(ds, c, 0, cuda_graphs)
     try:
-        trainer.fit(module_for(ds, c, 0, cuda_graphs), dm)
+        trainer.fit(module, dm)
     finally:
         dm.shutdown_pipeline()
     later = clock.epochs[1:] or clock.epochs
@@ -239,6 +241,7 @@ def speed_run(ds: GraphDataset, config: str, loader: str, args, cuda_graphs: boo
         gather_ms=ms(clock.gather_s),
         placement=placement,
         cuda_graphs=cuda_graphs,
+        graphs_captured=module._graph_steps.num_graphs if module._graph_steps is not None else 0,
     )
 
 
@@ -324,12 +327,14 @@ def fmt(x, spec: str = ".1f") -> str:
 
 def speed_table(rows: list[SpeedRow]) -> list[str]:
     lines = [
-        "| config | loader | CUDA graphs | batches | epoch (s) | whole epoch (s) | first epoch (s) | batch (ms) "
+        "| config | loader | CUDA graphs (captured) | batches | epoch (s) | whole epoch (s) | first epoch (s) | batch (ms) "
         "| GPU busy | peak device (MiB) | device sample (ms) | device gather (ms) | placement |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        graphs = ("on" if r.cuda_graphs else "off") if torch.cuda.is_available() else "-"
+        graphs = (
+            (f"on ({r.graphs_captured})" if r.cuda_graphs else "off") if torch.cuda.is_available() else "-"
+        )
         lines.append(
             f"| {r.config} | {r.loader} | {graphs} | {r.batches}/{r.epoch_batches} | {r.epoch_s:.2f} "
             f"| {r.whole_epoch_s:.2f} | {r.first_epoch_s:.2f} | {r.batch_ms:.1f} "

@@ -97,7 +97,8 @@ def kernel_seconds(events: Iterable) -> tuple[float, float]:
     profile, read from the kernels themselves: those a CUDA graph replays have no operator."""
     total = gemm = 0.0
     for event in events:
-        if event.device_type != DeviceType.CUDA:
+        # user annotations (``record_function`` scopes) have a device span too: not kernels
+        if event.device_type != DeviceType.CUDA or event.is_user_annotation:
             continue
         seconds = event.self_device_time_total * 1e-6
         total += seconds

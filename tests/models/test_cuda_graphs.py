@@ -99,6 +99,7 @@ def test_batches_that_cannot_be_graphed_are_refused():
     without_transpose = batch_of(ds, "sage", True, ds.train_idx[:64])
     without_transpose.blocks[1].src_indptr = None  # backward would sort the edges in the step
     assert bucket_of(batch) is not None and bucket_of(without_transpose) is None
+    assert bucket_of(batch_of(ds, "sage", True, ds.train_idx[:0])) is None  # no output rows
     batch.cache_slots = torch.zeros(3, dtype=torch.int64)
     assert bucket_of(batch) is None
 

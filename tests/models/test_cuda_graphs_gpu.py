@@ -26,7 +26,7 @@ def batches(ds, conv: str, sizes: list[int]) -> list:
     sampler = NeighborSampler(ds.graph, [4, 4], aggregation)
     out, start = [], 0
     for i, n in enumerate(sizes):
-        seeds = ds.train_idx[start : start + n]
+        seeds = ds.train_idx[torch.arange(start, start + n) % ds.train_idx.numel()]
         start += n
         out.append(produce_batch(sampler, seeds, ds.features, ds.labels, 11, i, None, aggregation).to("cuda"))
     return out
