@@ -24,11 +24,11 @@ outside the graphs (fused Adam is one kernel). Which steps are graphed at all is
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from lightning_mqgnn.models.metrics import node_loss
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
@@ -178,12 +178,17 @@ class PaddedBatch:
         return self.x.tensor, blocks, self.labels.tensor, self.loss_weights.tensor
 
 
-def padded_loss(module: nn.Module, padded: PaddedBatch) -> Tensor:
+def padded_loss(
+    module: nn.Module, padded: PaddedBatch, parameters: dict[str, Tensor] | None = None
+) -> Tensor:
     """The step's loss on a padded batch: ``Σ_i w_i ℓ_i`` over its output rows (module docstring).
-    ``module`` is a ``NodeClassifier``."""
+    ``module`` is a ``NodeClassifier``; ``parameters`` stand in for its own (``functional_call``)."""
     x, blocks, labels, loss_weights = padded.to_blocks()
     kwargs = {"aggregated": True} if padded.shape.first else {}
-    logits = module.forward(blocks, x, **kwargs)
+    if parameters is None:
+        logits = module.forward(blocks, x, **kwargs)
+    else:
+        logits = functional_call(module, parameters, (blocks, x), kwargs)
     per_row = node_loss(logits, labels, module.multilabel, reduction="none")
     return (per_row * loss_weights.to(per_row.dtype)).sum()
 
@@ -233,21 +238,27 @@ def trainable_pointers(module: nn.Module) -> tuple[int, ...]:
 def capture(module: nn.Module, padded: PaddedBatch) -> _Graph:
     """Forward and backward graphs of ``padded_loss`` on ``padded``'s buffers. Captured with
     ``capture_error_mode="thread_local"``: a device-resident producer thread keeps sampling (and
-    allocating, and reading sizes to the host) on its own stream meanwhile."""
-    params = tuple(p for p in module.parameters() if p.requires_grad)
+    allocating, and reading sizes to the host) on its own stream meanwhile. The graphs take
+    gradients of fresh leaves over the parameters' storage, not of the parameters: the
+    parameters' own gradient accumulators, made by earlier eager or replayed steps, would tie the
+    capture to the training stream."""
+    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    params = tuple(p for _, p in named)
+    stand_ins = {name: p.detach().requires_grad_() for name, p in named}
+    leaves = tuple(stand_ins.values())
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(WARMUP_PASSES):
-            torch.autograd.grad(padded_loss(module, padded), params)
+            torch.autograd.grad(padded_loss(module, padded, stand_ins), leaves)
     torch.cuda.current_stream().wait_stream(side)
     pool = torch.cuda.graph_pool_handle()
     forward, backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(forward, pool=pool, capture_error_mode="thread_local"):
-        loss = padded_loss(module, padded)
+        loss = padded_loss(module, padded, stand_ins)
     grad_loss = torch.empty_like(loss)
     with torch.cuda.graph(backward, pool=pool, capture_error_mode="thread_local"):
-        grads = torch.autograd.grad(loss, params, grad_outputs=grad_loss)
+        grads = torch.autograd.grad(loss, leaves, grad_outputs=grad_loss)
     return _Graph(
         padded, params, trainable_pointers(module), forward, backward, loss.detach(), grad_loss, grads
     )
@@ -256,24 +267,22 @@ def capture(module: nn.Module, padded: PaddedBatch) -> _Graph:
 class CUDAGraphSteps:
     """The graphed losses of one module, by bucket: ``loss(module, batch)`` captures a bucket on
     its first batch (``capture``) and replays it for every later batch of that bucket. Returns
-    None for a batch it does not graph, which the caller then runs eagerly: after ``max_graphs``
-    buckets, and for good once a capture has failed (warned)."""
+    None for a batch it does not graph, which the caller then runs eagerly (batches ``bucket_of``
+    refuses, and those of new shapes after ``max_graphs`` buckets); a capture that fails is an
+    error that names the way out."""
 
     def __init__(self, max_graphs: int = MAX_GRAPHS):
         self.max_graphs = max_graphs
         self._graphs: dict[BucketShape, _Graph] = {}
-        self._off: str | None = None
 
     @property
     def num_graphs(self) -> int:
         return len(self._graphs)
 
     def __getstate__(self) -> dict:  # graphs live in one process's device memory: not copied
-        return {"max_graphs": self.max_graphs, "_graphs": {}, "_off": self._off}
+        return {"max_graphs": self.max_graphs, "_graphs": {}}
 
     def loss(self, module: nn.Module, batch: MiniBatch) -> Tensor | None:
-        if self._off is not None:
-            return None
         shape = bucket_of(batch)
         if shape is None:
             return None
@@ -290,12 +299,12 @@ class CUDAGraphSteps:
             padded.fill(batch)
             try:
                 graph = capture(module, padded)
-            except RuntimeError as exc:  # an operation that cannot be captured
-                self._off = f"{type(exc).__name__}: {exc}"
-                self._graphs.clear()
-                warnings.warn(
-                    f"CUDA graph capture failed, training steps run eagerly: {self._off}", stacklevel=3
-                )
-                return None
+            except RuntimeError as exc:
+                # a failed capture can leave the CUDA generator in capture mode, so the next eager
+                # random draw would fail somewhere else, with a message that names nothing of this
+                raise RuntimeError(
+                    f"CUDA graph capture of the training step failed ({type(exc).__name__}: {exc}); "
+                    "train with NodeClassifier(cuda_graphs=False) (recipe: model.module.cuda_graphs=false)"
+                ) from exc
             self._graphs[shape] = graph
         return _Replay.apply(graph, *graph.params)

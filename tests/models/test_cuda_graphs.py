@@ -71,6 +71,13 @@ def test_padded_step_has_the_unpadded_loss_and_gradients(conv, aggregated, multi
         assert torch.allclose(loss, eager, rtol=1e-5, atol=1e-6)
         for g, e in zip(grads, eager_grads):
             assert torch.allclose(g, e, rtol=1e-4, atol=1e-6)
+    # the capture's form: gradients of stand-in leaves over the parameters' storage
+    stand_ins = {name: p.detach().requires_grad_() for name, p in model.named_parameters()}
+    loss = padded_loss(model, padded, stand_ins)
+    grads = torch.autograd.grad(loss, list(stand_ins.values()))
+    assert torch.allclose(loss, eager, rtol=1e-5, atol=1e-6)
+    for g, e in zip(grads, eager_grads):
+        assert torch.allclose(g, e, rtol=1e-4, atol=1e-6)
 
 
 def test_a_smaller_batch_refills_the_tail_with_padding():
@@ -102,6 +109,20 @@ def test_batches_that_cannot_be_graphed_are_refused():
     assert bucket_of(batch_of(ds, "sage", True, ds.train_idx[:0])) is None  # no output rows
     batch.cache_slots = torch.zeros(3, dtype=torch.int64)
     assert bucket_of(batch) is None
+
+
+def test_a_failed_capture_is_an_error_that_names_the_way_out(monkeypatch):
+    import lightning_mqgnn.models.cuda_graphs as cuda_graphs
+
+    def failing_capture(module, padded):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cuda_graphs, "capture", failing_capture)
+    ds = small_dataset(900)
+    model = NodeClassifier(ds.num_features, ds.num_classes, hidden=8)
+    batch = batch_of(ds, "sage", True, ds.train_idx[:64])
+    with pytest.raises(RuntimeError, match=r"capture of the training step failed .*cuda_graphs=False"):
+        CUDAGraphSteps().loss(model, batch)
 
 
 def test_a_module_without_cuda_graphs_copies_and_pickles_without_graphs():
