@@ -161,8 +161,8 @@ class NodeClassifier(NodeClassifierBase):
     """A stack of GCN or SAGE layers (paper: 2 layers, hidden 256, Adam lr 1e-3).
 
     Trains on ``MiniBatch``es from any sampler whose ``aggregation`` matches the layer type, with
-    feature rows or with the first layer aggregated in the gather stage; on a GPU its steps replay
-    CUDA graphs unless ``cuda_graphs=False``.
+    feature rows or with the first layer aggregated in the gather stage; with ``cuda_graphs=True``
+    its steps on a GPU replay CUDA graphs (``models/cuda_graphs.py``).
     """
 
     accepts_aggregated_inputs = True
@@ -179,7 +179,7 @@ class NodeClassifier(NodeClassifierBase):
         weight_decay: float = 0.0,
         metric: str = "accuracy",
         multilabel: bool = False,
-        cuda_graphs: bool = True,
+        cuda_graphs: bool = False,
     ):
         super().__init__(
             layer_stack(conv, in_dim, hidden, num_classes, num_layers),

@@ -119,7 +119,7 @@ def scoped_training_step(module):
     return module
 
 
-def recipe_objects(data: str, model: str, extra: list[str], dataset=None, cuda_graphs: bool = True):
+def recipe_objects(data: str, model: str, extra: list[str], dataset=None, cuda_graphs: bool = False):
     """Dataset, sampler, LightningModule and loader config, exactly as ``recipes/train.py`` builds
     them (``dataset``: one already built from the same data config, reused)."""
     from hydra import compose, initialize_config_dir
@@ -138,7 +138,7 @@ def recipe_objects(data: str, model: str, extra: list[str], dataset=None, cuda_g
             num_classes=dataset.num_classes,
             metric=dataset.metric,
             multilabel=dataset.multilabel,
-            **({} if cuda_graphs else {"cuda_graphs": False}),
+            **({"cuda_graphs": True} if cuda_graphs else {}),
         )
 
     return dataset, sampler, make_module, cfg
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--extra", default="", help="more recipe overrides, space separated")
     parser.add_argument(
-        "--cuda-graphs", default="on", help="on, off or on,off: steps replayed from CUDA graphs (GPU only)"
+        "--cuda-graphs", default="off", help="on, off or on,off: steps replayed from CUDA graphs (GPU only)"
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench_out" / "step.md")
     args = parser.parse_args(argv)

@@ -125,14 +125,14 @@ def test_a_failed_capture_is_an_error_that_names_the_way_out(monkeypatch):
         CUDAGraphSteps().loss(model, batch)
 
 
-def test_a_module_without_cuda_graphs_copies_and_pickles_without_graphs():
+def test_a_module_with_cuda_graphs_copies_and_pickles_without_graphs():
     import copy
     import pickle
 
     ds = small_dataset(300)
-    model = NodeClassifier(ds.num_features, ds.num_classes, hidden=8)
+    model = NodeClassifier(ds.num_features, ds.num_classes, hidden=8, cuda_graphs=True)
     assert isinstance(model._graph_steps, CUDAGraphSteps)
     model._graph_steps._graphs["x"] = object()  # stands for a captured graph
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert clone._graph_steps.num_graphs == 0
-    assert NodeClassifier(ds.num_features, ds.num_classes, hidden=8, cuda_graphs=False)._graph_steps is None
+    assert NodeClassifier(ds.num_features, ds.num_classes, hidden=8)._graph_steps is None  # opt-in

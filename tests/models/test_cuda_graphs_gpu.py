@@ -77,7 +77,9 @@ def test_graphed_steps_train_as_the_eager_ones_without_dropout(ds, conv):
 
 def test_a_cuda_fit_with_dropout_learns_from_graphed_steps(ds):
     torch.manual_seed(0)
-    model = NodeClassifier(ds.num_features, ds.num_classes, conv="sage", hidden=32, dropout=0.5, lr=1e-2)
+    model = NodeClassifier(
+        ds.num_features, ds.num_classes, conv="sage", hidden=32, dropout=0.5, lr=1e-2, cuda_graphs=True
+    )
     dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=0, aggregate_inputs=True)
     trainer = make_trainer(accelerator="gpu", max_epochs=4, limit_val_batches=0, log_every_n_steps=1)
     trainer.fit(model, dm)
