@@ -3,6 +3,7 @@ graph per bucket, recaptured when the parameters move, and a Lightning fit that 
 
 import pytest
 import torch
+from helpers.devices import require_cuda
 from helpers.pipeline import make_trainer, small_dataset
 
 from lightning_mqgnn.data import MQGNNDataModule
@@ -16,8 +17,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def ds():
-    if not torch.cuda.is_available():
-        pytest.fail("the gpu marker needs a CUDA device")
+    require_cuda()
     return small_dataset(1500)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.devices import require_cuda
 from helpers.pipeline import make_trainer, seeded_module, small_dataset
 
 from lightning_mqgnn.data import MQGNNDataModule
@@ -26,8 +27,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def ds():
-    if not torch.cuda.is_available():
-        pytest.fail("the gpu marker needs a CUDA device")
+    require_cuda()
     return small_dataset(1500)
 
 

@@ -3,6 +3,7 @@ record_stream, device-side cache merge, and eq. 25 from torch.cuda.mem_get_info.
 
 import pytest
 import torch
+from helpers.devices import require_cuda
 from helpers.pipeline import make_trainer, small_dataset, worker_pipeline
 
 from lightning_mqgnn.callbacks import GPUBusyMonitor, StageTimingCallback
@@ -23,8 +24,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def ds():
-    if not torch.cuda.is_available():
-        pytest.fail("the gpu marker needs a CUDA device")
+    require_cuda()
     return small_dataset(800)
 
 
@@ -80,8 +80,7 @@ def test_slots_are_page_locked_so_batches_go_to_the_gpu_without_a_staging_copy(d
 
 
 def test_memory_cap_inputs_come_from_the_device():
-    if not torch.cuda.is_available():
-        pytest.fail("the gpu marker needs a CUDA device")
+    require_cuda()
     available, peak = device_memory(torch.device("cuda"), 0.1)
     free, total = torch.cuda.mem_get_info()
     assert free <= available <= total and peak >= 0

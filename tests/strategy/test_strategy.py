@@ -6,6 +6,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.distributed as dist
+from helpers.devices import require_cuda
 from helpers.paths import CONF
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import StrategyRegistry
@@ -181,8 +182,7 @@ def test_queue_without_allow_missing_names_the_parameters_without_gradient():
 @pytest.mark.gpu
 def test_queue_presence_check_on_cuda_reads_the_counts_a_step_late():
     """On CUDA the counts travel to the host with a non-blocking copy and an event; the error is the same."""
-    if not torch.cuda.is_available():
-        pytest.fail("the gpu marker needs a CUDA device")
+    require_cuda()
     params = [nn.Parameter(p.detach().cuda()) for p in _params()]
     queue = GradientQueue(params, 0, OtherRankReducer(), allow_missing=False, names=["a", "b", "c"])
     _set_grads(params, 1)
