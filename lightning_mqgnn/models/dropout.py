@@ -20,6 +20,7 @@ mask is freed as soon as forward is done.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -69,9 +70,10 @@ def _byte_table(bits: int, dropped: int, dtype: torch.dtype) -> Tensor:
     return _tables[key]
 
 
+@functools.lru_cache(maxsize=64)
 def keep_scale(p: float, dtype: torch.dtype = torch.float32) -> float:
     """The value of a kept entry of the CPU mask in ``dtype``: ``1 / (1 -
-    quantised_drop_probability(p))`` as that dtype holds it."""
+    quantised_drop_probability(p))`` as that dtype holds it (cached: every training step asks)."""
     return float(torch.tensor(1.0 / (1.0 - quantised_drop_probability(p)), dtype=dtype))
 
 
