@@ -60,7 +60,7 @@ def transpose_of(indptr: Tensor, indices: Tensor, weights: Tensor, num_src: int)
     dst = torch.repeat_interleave(
         torch.arange(counts.numel(), device=counts.device), counts, output_size=indices.numel()
     )
-    order = stable_argsort(indices)
+    order = stable_argsort(indices, bound=num_src)
     src_counts = torch.zeros(num_src, dtype=torch.int64, device=indices.device)
     src_counts.index_add_(0, indices, torch.ones_like(indices))
     src_indptr = torch.zeros(num_src + 1, dtype=torch.int64, device=indices.device)

@@ -65,7 +65,7 @@ def full_block(graph: CSRGraph, dst: Tensor, weights: Tensor, self_weights: Tens
         local_dst = torch.cat([local_dst, torch.arange(dst.numel())])
         src = torch.cat([src, dst])
         w = torch.cat([w, self_weights[dst]])
-        order = stable_argsort(local_dst)
+        order = stable_argsort(local_dst, bound=dst.numel())
         src, w = src[order], w[order]
         counts = counts + 1
     indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)

@@ -1,18 +1,22 @@
-"""Sorting integer ids at the speed of torch's radix sort.
+"""Sorting integer ids at the speed of a radix sort.
 
 On the CPU torch sorts a tensor of fewer than 32,768 entries (its parallel grain) with a comparison
 sort and a longer integer tensor with a radix sort, so a mid-sized id array sorts several times
 slower than one twice its size; ``torch.unique`` of such an array is as slow. Both functions here
-pad an array in that range past the threshold with ids that sort after all others.
+pad an array in that range past the threshold with ids that sort after all others. Keys known to
+lie below 2^16 (a block's local ids) take numpy's stable sort of 16-bit integers, a radix sort:
+2.6x faster than torch's at 4,700 keys, 4-7x at 8,000-20,000.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 RADIX_SORT_MIN = 32_768  # torch's CPU sort of integers takes its radix path from this length on
 PAD_FROM = 8_192  # shorter arrays sort faster as they are than padded to RADIX_SORT_MIN
+SHORT_KEYS = 1 << 16  # keys below this fit numpy's 16-bit radix sort
 
 
 def _padded(ids: Tensor) -> Tensor | None:
@@ -25,10 +29,13 @@ def _padded(ids: Tensor) -> Tensor | None:
     return padded
 
 
-def stable_argsort(keys: Tensor) -> Tensor:
+def stable_argsort(keys: Tensor, bound: int | None = None) -> Tensor:
     """Positions that order the 1-D integer ``keys`` ascending, equal keys in input order (so the
-    order does not depend on which algorithm ran). A real key equal to the pad value still sorts
-    before the padding: the sort is stable."""
+    order does not depend on which algorithm ran). ``bound``: every key is in ``[0, bound)``, when
+    the caller knows it. A real key equal to the pad value still sorts before the padding: the
+    sort is stable."""
+    if bound is not None and bound <= SHORT_KEYS and not keys.is_cuda and keys.numel() > 0:
+        return torch.from_numpy(np.argsort(keys.numpy().astype(np.uint16), kind="stable")).to(torch.int64)
     padded = _padded(keys)
     if padded is None:
         return torch.sort(keys, stable=True).indices

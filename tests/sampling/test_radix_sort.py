@@ -16,6 +16,17 @@ def test_stable_argsort_equals_the_stable_sort_at_every_length(n, dtype):
     assert order.dtype == torch.int64 and order.numel() == n
 
 
+@pytest.mark.parametrize("n", [1, 100, 4_700, 20_000, RADIX_SORT_MIN + 5])
+@pytest.mark.parametrize("bound", [1, 3, 1 << 16])
+def test_keys_below_a_known_short_bound_sort_stably_too(n, bound):
+    g = torch.Generator().manual_seed(n + bound)
+    keys = torch.randint(0, bound, (n,), generator=g)
+    keys[-1] = bound - 1  # the largest key allowed
+    order = stable_argsort(keys, bound=bound)
+    assert torch.equal(order, torch.sort(keys, stable=True).indices)
+    assert order.dtype == torch.int64
+
+
 def test_keys_equal_to_the_pad_value_still_sort_before_the_padding():
     top = torch.iinfo(torch.int64).max
     keys = torch.tensor([top, 3, top, 1] * (PAD_FROM // 4 + 1))
