@@ -86,3 +86,20 @@ def test_a_cuda_fit_with_dropout_learns_from_graphed_steps(ds):
     assert model._graph_steps.num_graphs >= 1
     losses = trainer.callback_metrics["train/loss"]
     assert torch.isfinite(losses) and float(losses) < 1.2  # 4 classes: ln 4 = 1.39 at the start
+
+
+def test_graphs_are_captured_while_a_device_resident_producer_samples(ds):
+    """Thread-local capture: the producer thread keeps sampling on its own stream (allocating and
+    reading sizes to the host) while the training thread captures a new bucket."""
+    torch.manual_seed(0)
+    model = NodeClassifier(
+        ds.num_features, ds.num_classes, conv="sage", hidden=32, dropout=0.5, lr=1e-2, cuda_graphs=True
+    )
+    dm = MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, mode="device", aggregate_inputs=True
+    )
+    trainer = make_trainer(accelerator="gpu", max_epochs=3, limit_val_batches=0, log_every_n_steps=1)
+    trainer.fit(model, dm)
+    assert dm.placement().on_device
+    assert model._graph_steps.num_graphs >= 1
+    assert float(trainer.callback_metrics["train/loss"]) < 1.2
