@@ -96,7 +96,12 @@ def test_graphs_are_captured_while_a_device_resident_producer_samples(ds):
         ds.num_features, ds.num_classes, conv="sage", hidden=32, dropout=0.5, lr=1e-2, cuda_graphs=True
     )
     dm = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, mode="device", aggregate_inputs=True
+        ds,
+        NeighborSampler(ds.graph, [5, 5]),
+        batch_size=128,
+        mode="device",
+        sample_on="auto",
+        aggregate_inputs=True,
     )
     trainer = make_trainer(accelerator="gpu", max_epochs=3, limit_val_batches=0, log_every_n_steps=1)
     trainer.fit(model, dm)
