@@ -96,11 +96,16 @@ def random_keep_mask(
 
 class _ReLUMasked(torch.autograd.Function):
     """``max(h * mask, 0)`` for a mask of zeros and ``scale``, with the gradient ``scale * g``
-    where the output is positive."""
+    where the output is positive; ``inplace``: written over ``h`` (a fresh activation-sized buffer
+    costs about as much as the product itself)."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, mask: Tensor, scale: float) -> Tensor:
-        out = torch.mul(h, mask).clamp_min_(0.0)
+    def forward(ctx, h: Tensor, mask: Tensor, scale: float, inplace: bool) -> Tensor:
+        if inplace:
+            ctx.mark_dirty(h)
+            out = h.mul_(mask).clamp_min_(0.0)
+        else:
+            out = torch.mul(h, mask).clamp_min_(0.0)
         ctx.save_for_backward(out)
         ctx.scale = scale
         return out
@@ -110,17 +115,23 @@ class _ReLUMasked(torch.autograd.Function):
         (out,) = ctx.saved_tensors
         grad_h = torch.mul(grad, ctx.scale)
         torch.ops.aten.threshold_backward.grad_input(grad_h, out, 0.0, grad_input=grad_h)
-        return grad_h, None, None
+        return grad_h, None, None, None
 
 
 class ReLUDropout(nn.Module):
-    """``Dropout(p)(relu(h))`` with the fast CPU mask (module docstring); plain ReLU in eval mode."""
+    """``Dropout(p)(relu(h))`` with the fast CPU mask (module docstring); plain ReLU in eval mode.
 
-    def __init__(self, p: float = 0.5):
+    ``inplace``: the CPU training path overwrites its input, for callers whose ``h`` nothing else
+    reads and whose producing operation does not keep its output for backward (a linear map, a
+    weighted sum); autograd refuses the backward, loudly, where one does.
+    """
+
+    def __init__(self, p: float = 0.5, inplace: bool = False):
         super().__init__()
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p = p
+        self.inplace = inplace
 
     def forward(self, h: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
@@ -128,7 +139,7 @@ class ReLUDropout(nn.Module):
         if h.device.type != "cpu" or h.dtype not in MASK_DTYPES:
             return F.dropout(torch.relu(h), self.p, training=True)
         mask = random_keep_mask(h.shape, self.p, dtype=h.dtype)
-        return _ReLUMasked.apply(h, mask, keep_scale(self.p, h.dtype))
+        return _ReLUMasked.apply(h, mask, keep_scale(self.p, h.dtype), self.inplace)
 
     def extra_repr(self) -> str:
-        return f"p={self.p}"
+        return f"p={self.p}" + (", inplace" if self.inplace else "")

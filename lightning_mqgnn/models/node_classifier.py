@@ -35,6 +35,9 @@ class NodeClassifierBase(pl.LightningModule):
     """
 
     accepts_aggregated_inputs: bool = False
+    # whether every layer but the last ends in an operation whose backward does not read its
+    # output (a linear map, a weighted sum), so ReLU + dropout may overwrite it
+    activations_overwritable: bool = False
 
     def __init__(
         self,
@@ -50,7 +53,7 @@ class NodeClassifierBase(pl.LightningModule):
     ):
         super().__init__()
         self.layers = nn.ModuleList(layers)
-        self.relu_dropout = ReLUDropout(dropout)
+        self.relu_dropout = ReLUDropout(dropout, inplace=self.activations_overwritable)
         self.aggregation = aggregation
         self.lr = lr
         self.weight_decay = weight_decay
@@ -166,6 +169,7 @@ class NodeClassifier(NodeClassifierBase):
     """
 
     accepts_aggregated_inputs = True
+    activations_overwritable = True  # GCN and SAGE layers end in addmm, linear or a weighted sum
 
     def __init__(
         self,

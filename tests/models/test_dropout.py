@@ -63,6 +63,29 @@ def test_relu_dropout_is_relu_times_the_mask_with_its_gradient(p):
     assert torch.equal(layer(h.detach()), out.detach())  # seeds reproduce the mask
 
 
+def test_in_place_relu_dropout_equals_the_out_of_place_one_with_its_gradients():
+    linear = torch.nn.Linear(16, 24)
+    x = torch.randn(50, 16)
+    results = []
+    for inplace in (False, True):
+        linear.zero_grad()
+        torch.manual_seed(3)
+        h = linear(x)
+        out = ReLUDropout(0.5, inplace=inplace)(h)
+        assert (out.data_ptr() == h.data_ptr()) == inplace
+        out.square().sum().backward()
+        results.append((out.detach(), linear.weight.grad.clone(), linear.bias.grad.clone()))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_in_place_relu_dropout_after_an_op_that_keeps_its_output_fails_loudly():
+    h = torch.randn(20, 8, requires_grad=True)
+    out = ReLUDropout(0.5, inplace=True)(torch.sigmoid(h))  # sigmoid's backward reads its output
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
 def test_eval_mode_and_zero_rate_are_relu_and_bad_rates_are_refused():
     h = torch.randn(8, 8)
     assert torch.equal(ReLUDropout(0.0)(h), F.relu(h))
