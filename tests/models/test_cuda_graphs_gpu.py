@@ -65,9 +65,13 @@ def test_graphed_steps_train_as_the_eager_ones_without_dropout(ds, conv):
         )
     graphed, eager = models
     first = [train(m, steps[:4]) for m in models]
-    for m in models:  # moves every parameter: the graphs must be captured again
-        m.cpu().cuda()
+    assert graphed._graph_steps.num_graphs == len({bucket_of(b) for b in steps[:4]}) >= 2
+    old_storage = [p.data for m in models for p in m.parameters()]  # alive: new addresses below
+    for m in models:  # every parameter moves: the graphs must be captured again
+        for p in m.parameters():
+            p.data = p.data.clone()
     second = [train(m, steps[4:]) for m in models]
+    del old_storage
     assert first[0] == pytest.approx(first[1], rel=1e-4) and second[0] == pytest.approx(second[1], rel=1e-4)
     for p, q in zip(graphed.parameters(), eager.parameters()):
         assert torch.allclose(p, q, rtol=1e-4, atol=1e-5)
