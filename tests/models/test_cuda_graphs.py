@@ -136,3 +136,85 @@ def test_a_module_with_cuda_graphs_copies_and_pickles_without_graphs():
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert clone._graph_steps.num_graphs == 0
     assert NodeClassifier(ds.num_features, ds.num_classes, hidden=8)._graph_steps is None  # opt-in
+
+
+class _Rerun:
+    """Stands in for a captured CUDA graph on the CPU: a replay runs the captured work again."""
+
+    def __init__(self, work):
+        self.replay = work
+
+
+def rerun_capture(module, padded):
+    """``cuda_graphs.capture`` with its graphs replaced by ``_Rerun``: the same static buffers,
+    stand-in leaves and gradient outputs, so ``CUDAGraphSteps`` and ``_Replay`` run as on a GPU."""
+    import lightning_mqgnn.models.cuda_graphs as cuda_graphs
+
+    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    stand_ins = {name: p.detach().requires_grad_() for name, p in named}
+    loss, grad_loss = torch.zeros(()), torch.zeros(())
+    grads = tuple(torch.zeros_like(p) for _, p in named)
+    pending = []
+
+    def forward():
+        with torch.enable_grad():  # an autograd.Function's forward runs without it
+            pending.append(padded_loss(module, padded, stand_ins))
+        loss.copy_(pending[-1].detach())
+
+    def backward():
+        computed = torch.autograd.grad(pending.pop(), list(stand_ins.values()), grad_outputs=grad_loss)
+        for static, g in zip(grads, computed):
+            static.copy_(g)
+
+    params = tuple(p for _, p in named)
+    pointers = cuda_graphs.trainable_pointers(module)
+    return cuda_graphs._Graph(
+        padded, params, pointers, _Rerun(forward), _Rerun(backward), loss, grad_loss, grads
+    )
+
+
+def test_graph_steps_reuse_buckets_recapture_moved_parameters_and_train_as_eager(monkeypatch):
+    import lightning_mqgnn.models.cuda_graphs as cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "capture", rerun_capture)
+    ds = small_dataset(900)
+    steps = [
+        batch_of(ds, "sage", True, ds.train_idx[s : s + n])
+        for s, n in [(0, 77), (77, 60), (137, 77), (214, 60)]
+    ]
+    models = []
+    for graphs in (True, False):
+        torch.manual_seed(0)
+        models.append(
+            NodeClassifier(
+                ds.num_features, ds.num_classes, hidden=16, dropout=0.0, lr=1e-2, cuda_graphs=graphs
+            )
+        )
+    graphed, eager = models
+
+    def train(batches):
+        opts = [m.configure_optimizers() for m in models]
+        for batch in batches:
+            losses = []
+            for model, opt in zip(models, opts):
+                opt.zero_grad(set_to_none=True)
+                loss = model._graph_steps.loss(model, batch) if model is graphed else None
+                if loss is None:
+                    loss = node_loss(model.batch_logits(batch), batch.labels, False)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+            assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+    train(steps)
+    # a bucket per shape, one of them replayed for a second batch
+    assert len(steps) > graphed._graph_steps.num_graphs == len({bucket_of(b) for b in steps}) >= 2
+    old_storage = [p.data for m in models for p in m.parameters()]  # alive: the copies get new addresses
+    for model in models:
+        for p in model.parameters():
+            p.data = p.data.clone()
+    train(steps[1:2])
+    assert graphed._graph_steps.num_graphs == 1  # the move dropped every graph; one bucket since
+    del old_storage
+    for p, q in zip(graphed.parameters(), eager.parameters()):
+        assert torch.allclose(p, q, rtol=1e-4, atol=1e-6)
