@@ -9,7 +9,8 @@ batch to batch. So each batch is padded to a bucket, every size rounded up to ``
 epoch), and written into that bucket's static buffers (``PaddedBatch``):
 
 - padded input rows are zeros; padded edges have weight 0, point at source row 0 and sit after
-  the last real edge (in the last destination row's bag): each adds ``0 · h``;
+  the last real edge (in the first padded destination row's bag, or the last real one's): each
+  adds ``0 · h``;
 - padded destination rows have no edges of their own, and no real edge points at a padded source
   row, so their values never reach a real row;
 - padded output rows carry label 0 and loss weight 0, the real ones ``1 / B`` (and ``1 / T`` per
@@ -104,16 +105,17 @@ def bucket_of(batch: MiniBatch) -> BucketShape | None:
 
 class _Buffer:
     """One static tensor: each fill copies the real rows to its front and keeps the rest at the
-    pad value (rewritten only where the last fill put real rows, unless the pad changes)."""
+    pad value, rewritten only where the last fill put real rows (a pad is constant per bucket, so
+    a step mostly launches one copy per buffer)."""
 
     def __init__(self, tensor: Tensor):
         self.tensor = tensor
         self.written = tensor.shape[0]  # fresh memory: every row needs its pad
 
-    def fill(self, real: Tensor, pad: float | int, pad_changes: bool = False) -> None:
+    def fill(self, real: Tensor, pad: float | int) -> None:
         n = real.shape[0]
         self.tensor[:n].copy_(real)
-        end = self.tensor.shape[0] if pad_changes else min(self.written, self.tensor.shape[0])
+        end = min(self.written, self.tensor.shape[0])
         if n < end:
             self.tensor[n:end].fill_(pad)
         self.written = n
@@ -151,12 +153,14 @@ class PaddedBatch:
         """Write ``batch`` (of this bucket) into the buffers."""
         self.x.fill(batch.aggregated if self.shape.first else batch.features, 0)
         for fields, block in zip(self.blocks, batch.blocks[self.shape.first :]):
-            edges = block.num_edges
-            fields["indptr"].fill(block.indptr, edges, pad_changes=True)
+            # padded rows start at the bucket's edge count: the first of them, or with no padded
+            # row the last real one, ends at the padded edges, the others are empty
+            edges = fields["indices"].tensor.shape[0]
+            fields["indptr"].fill(block.indptr, edges)
             fields["indices"].fill(block.indices, 0)
             fields["weights"].fill(block.weights, 0.0)
             if "src_indptr" in fields:
-                fields["src_indptr"].fill(block.src_indptr, edges, pad_changes=True)
+                fields["src_indptr"].fill(block.src_indptr, edges)
                 fields["src_rows"].fill(block.src_rows, 0)
                 fields["src_weights"].fill(block.src_weights, 0.0)
         self.labels.fill(batch.labels, 0)

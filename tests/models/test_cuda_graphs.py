@@ -97,7 +97,9 @@ def test_a_smaller_batch_refills_the_tail_with_padding():
     edges = small.blocks[1].num_edges
     block = padded.blocks[0]
     assert torch.all(block["weights"].tensor[edges:] == 0) and torch.all(block["indices"].tensor[edges:] == 0)
-    assert torch.all(block["indptr"].tensor[small.blocks[1].num_dst + 1 :] == edges)
+    padded_edges = block["indices"].tensor.shape[0]
+    assert torch.equal(block["indptr"].tensor[: small.blocks[1].num_dst + 1], small.blocks[1].indptr)
+    assert torch.all(block["indptr"].tensor[small.blocks[1].num_dst + 1 :] == padded_edges)
 
 
 def test_batches_that_cannot_be_graphed_are_refused():
