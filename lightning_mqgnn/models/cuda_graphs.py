@@ -308,7 +308,7 @@ class CUDAGraphSteps:
                 # random draw would fail somewhere else, with a message that names nothing of this
                 raise RuntimeError(
                     f"CUDA graph capture of the training step failed ({type(exc).__name__}: {exc}); "
-                    "train with NodeClassifier(cuda_graphs=False) (recipe: model.module.cuda_graphs=false)"
+                    "train with NodeClassifier(cuda_graphs=False) (recipe: without +model.module.cuda_graphs=true)"
                 ) from exc
             self._graphs[shape] = graph
         return _Replay.apply(graph, *graph.params)

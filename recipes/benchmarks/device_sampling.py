@@ -40,6 +40,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
+from benchmarks._cuda_graphs import CUDA_GRAPHS_HELP, cuda_graph_modes
 from benchmarks._report import machine_header, write_report
 from benchmarks._sync_census import count_syncs, cuda_sync_count
 from lightning_mqgnn.callbacks import GPUBusyMonitor
@@ -367,11 +368,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--parts", default=",".join(PARTS), help=f"what to measure, among {','.join(PARTS)}")
     p.add_argument("--configs", default="salient,paper")
     p.add_argument("--loaders", default="sequential,pipeline,device")
-    p.add_argument(
-        "--cuda-graphs",
-        default="off",
-        help="on, off, or on,off (an A/B in one run): the training steps replayed from CUDA graphs or eager",
-    )
+    p.add_argument("--cuda-graphs", type=cuda_graph_modes, default="off", help=CUDA_GRAPHS_HELP)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batches", type=int, default=40, help="CPU loaders' batches per epoch (0: all)")
     p.add_argument("--device-batches", type=int, default=0, help="device loader's batches per epoch (0: all)")
@@ -403,11 +400,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.loaders = [x for x in args.loaders.split(",") if x]
     args.accuracy_datasets = [d for d in args.accuracy_datasets.split(",") if d]
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
-    if set(args.cuda_graphs.split(",")) - {"on", "off"}:
-        p.error(f"--cuda-graphs takes on, off or on,off, got {args.cuda_graphs!r}")
-    args.cuda_graphs = [x == "on" for x in args.cuda_graphs.split(",")]
-    if not torch.cuda.is_available():  # nothing to compare: steps on the CPU run eagerly
-        args.cuda_graphs = args.cuda_graphs[:1]
     for name, known, what in (
         (args.parts, PARTS, "part"),
         (args.configs, CONFIGS, "config"),

@@ -29,6 +29,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -37,6 +38,7 @@ from hydra.utils import instantiate
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from benchmarks._cuda_graphs import CUDA_GRAPHS_HELP, cuda_graph_modes
 from benchmarks._report import machine_header, write_report
 from benchmarks._sync_census import cuda_sync_count
 from lightning_mqgnn.pipeline.produce import produce_batch
@@ -119,9 +121,10 @@ def scoped_training_step(module):
     return module
 
 
-def recipe_objects(data: str, model: str, extra: list[str], dataset=None, cuda_graphs: bool = False):
-    """Dataset, sampler, LightningModule and loader config, exactly as ``recipes/train.py`` builds
-    them (``dataset``: one already built from the same data config, reused)."""
+def recipe_objects(data: str, model: str, extra: list[str], dataset=None):
+    """Dataset, sampler, LightningModule factory and loader config, exactly as ``recipes/train.py``
+    builds them (``dataset``: one already built from the same data config, reused; the factory's
+    ``cuda_graphs``: the module's steps replayed from CUDA graphs)."""
     from hydra import compose, initialize_config_dir
     from train import build_sampler
 
@@ -131,7 +134,7 @@ def recipe_objects(data: str, model: str, extra: list[str], dataset=None, cuda_g
         dataset = instantiate(cfg.data)
     sampler = build_sampler(instantiate(cfg.model.sampler), dataset)
 
-    def make_module():
+    def make_module(cuda_graphs: bool = False):
         pl.seed_everything(cfg.seed)
         return instantiate(cfg.model.module)(
             in_dim=dataset.num_features,
@@ -279,9 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--extra", default="", help="more recipe overrides, space separated")
-    parser.add_argument(
-        "--cuda-graphs", default="off", help="on, off or on,off: steps replayed from CUDA graphs (GPU only)"
-    )
+    parser.add_argument("--cuda-graphs", type=cuda_graph_modes, default="off", help=CUDA_GRAPHS_HELP)
     parser.add_argument("--out", type=Path, default=REPO / "bench_out" / "step.md")
     args = parser.parse_args(argv)
     if args.threads:
@@ -297,16 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if cuda else ""),
     ]
     dataset = None
-    graph_modes = [x == "on" for x in args.cuda_graphs.split(",")] if cuda else [False]
     for model in args.models.split(","):
-        for graphs in graph_modes:
-            dataset, sampler, make_module, cfg = recipe_objects(
-                args.data, model, args.extra.split(), dataset, graphs
-            )
-            if graphs == graph_modes[0]:
-                batches = sample_batches(dataset, sampler, cfg, args.batch_size, args.steps, device)
+        dataset, sampler, make_module, cfg = recipe_objects(args.data, model, args.extra.split(), dataset)
+        batches = sample_batches(dataset, sampler, cfg, args.batch_size, args.steps, device)
+        for graphs in args.cuda_graphs if cuda else [False]:
             for loop in args.loops.split(","):
-                result = measure(loop, make_module, batches, device, cfg, args.warmup)
+                result = measure(loop, partial(make_module, graphs), batches, device, cfg, args.warmup)
                 rows.append(row(model, loop, graphs, cuda, result))
                 print(rows[-1], flush=True)
     header = machine_header("step", argv)
