@@ -46,6 +46,7 @@ from lightning_mqgnn.pipeline.device_queue import (
     ProducerStopped,
     QueuedLoader,
     hand_over_batch,
+    request_batch,
     wait_for_entry,
 )
 from lightning_mqgnn.pipeline.gather import gather
@@ -256,12 +257,7 @@ class _DeviceEpoch:
         if self.thread is None:
             self._start()
         loader = self.loader
-        start = time.perf_counter()
-        compute_s = None
-        if self._last_return is not None:
-            compute_s = start - self._last_return
-            loader.sizer.observe_compute(compute_s)
-        depth = len(self.queue)
+        request = request_batch(loader, self.queue, self._last_return)
         try:
             kind, payload = wait_for_entry(self.queue, self.thread, "device sampler")
         except ProducerStopped:
@@ -273,17 +269,7 @@ class _DeviceEpoch:
         if kind == "error":
             self.stop()
             raise RuntimeError(f"device-resident sampling failed: {payload!r}") from payload
-        batch = hand_over_batch(
-            loader,
-            self.queue,
-            payload,
-            wait_s=time.perf_counter() - start,
-            device_queue_depth=depth,
-            epoch=self.epoch,
-            producer="device",
-        )
-        if compute_s is not None:
-            batch.meta["prev_compute_s"] = compute_s
+        batch = hand_over_batch(loader, self.queue, payload, request, epoch=self.epoch, producer="device")
         self._last_return = time.perf_counter()
         return batch
 

@@ -6,6 +6,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lightning_mqgnn.pipeline.plan import EpochPlan, Planned
@@ -118,15 +119,42 @@ def wait_for_entry(queue: DeviceQueue, producer: threading.Thread, what: str) ->
             raise ProducerStopped(f"the {what} thread stopped without ending the epoch")
 
 
-def hand_over_batch(loader: Any, queue: DeviceQueue, payload: Any, **meta: Any) -> Any:
+@dataclass
+class BatchRequest:
+    """The training thread asking for its next batch: when it asked, how many batches were queued
+    then, and the step since the previous batch was handed over (eq. 24-25's compute time)."""
+
+    start: float
+    depth: int
+    compute_s: float | None
+
+
+def request_batch(loader: Any, queue: DeviceQueue, last_return: float | None) -> BatchRequest:
+    """Open a request; the adaptive queue size (``loader.sizer``) learns the step it ends."""
+    start = time.perf_counter()
+    compute_s = None if last_return is None else start - last_return
+    if compute_s is not None:
+        loader.sizer.observe_compute(compute_s)
+    return BatchRequest(start, len(queue), compute_s)
+
+
+def hand_over_batch(loader: Any, queue: DeviceQueue, payload: Any, request: BatchRequest, **meta: Any) -> Any:
     """The consumer's side of a queued ``(batch, event)``: the training stream waits for the event
     (``loader.mover``), the adaptive queue size learns the batch's bytes (``loader.sizer``, when
-    ``loader.fixed_q`` is None) and ``meta`` plus the queue size go into ``batch.meta``."""
+    ``loader.fixed_q`` is None) and the request's wait, depth and step, ``meta`` and the queue
+    size go into ``batch.meta``."""
     batch, event = payload
     batch = loader.mover.hand_over(batch, event)
     if loader.fixed_q is None:
         est = loader.sizer.update(batch.meta["batch_bytes"], batch.meta["index"])
         if est is not None:
             queue.set_capacity(est.q)
-    batch.meta.update(queue_size=queue.capacity, **meta)
+    batch.meta.update(
+        wait_s=time.perf_counter() - request.start,
+        device_queue_depth=request.depth,
+        queue_size=queue.capacity,
+        **meta,
+    )
+    if request.compute_s is not None:
+        batch.meta["prev_compute_s"] = request.compute_s
     return batch

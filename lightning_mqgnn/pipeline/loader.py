@@ -44,6 +44,7 @@ from lightning_mqgnn.pipeline.device_queue import (
     ProducerStopped,
     QueuedLoader,
     hand_over_batch,
+    request_batch,
     wait_for_entry,
 )
 from lightning_mqgnn.pipeline.plan import EpochPlan
@@ -346,12 +347,7 @@ class _EpochRun:
             self._start()
         if self.producer == "trainer":
             return self._produce_here()
-        start = time.perf_counter()
-        compute_s = None
-        if self._last_return is not None:
-            compute_s = start - self._last_return  # the training step between two requests
-            loader.sizer.observe_compute(compute_s)
-        depth = len(self.queue)
+        request = request_batch(loader, self.queue, self._last_return)
         try:
             kind, payload = wait_for_entry(self.queue, self._thread, "mini-batch transfer")
         except ProducerStopped:
@@ -372,15 +368,12 @@ class _EpochRun:
             loader,
             self.queue,
             payload,
-            wait_s=time.perf_counter() - start,
-            device_queue_depth=depth,
+            request,
             epoch=self.epoch,
             producer="workers",
             head_start=self._opened_by is not None,  # the epoch opened on a head start
         )
         index = batch.meta["index"]
-        if compute_s is not None:
-            batch.meta["prev_compute_s"] = compute_s
         if index == len(self.batches) - 1:
             # the workers have nothing left to sample: the last step, and the validation Lightning
             # runs before it ever asks past a sized loader's end, get every thread back

@@ -20,12 +20,14 @@ def small_dataset(num_nodes: int = 1500, seed: int = 0):
     return generate_graph("arxiv", seed=seed, num_nodes=num_nodes, num_features=16, num_classes=4)
 
 
-def worker_pipeline(ds, sampler=None, **kw) -> MQGNNDataModule:
+def worker_pipeline(ds, sampler=None, mode: str = "pipeline", **kw) -> MQGNNDataModule:
     """A pipelined DataModule whose every epoch comes from the sampler workers, for the tests of
-    their mechanics (the default producer choice may never start them). ``sampler``: uniform 5,5
-    node-wise sampling unless given; ``kw`` go to the DataModule."""
+    their mechanics (the default producer choice may never start them); ``mode="sequential"``
+    gives its twin without a pipeline, for parity tests. ``sampler``: uniform 5,5 node-wise
+    sampling unless given; ``kw`` go to the DataModule (one worker unless they say otherwise)."""
     sampler = sampler if sampler is not None else NeighborSampler(ds.graph, [5, 5])
-    return MQGNNDataModule(ds, sampler, mode="pipeline", producer="workers", **kw)
+    kw.setdefault("num_workers", 1)
+    return MQGNNDataModule(ds, sampler, mode=mode, producer="workers", **kw)
 
 
 class FailInWorkerSampler(NeighborSampler):

@@ -17,7 +17,6 @@ pyg_nn = pytest.importorskip("torch_geometric.nn")
 
 from helpers.paths import CONF  # noqa: E402
 
-from lightning_mqgnn.data import MQGNNDataModule  # noqa: E402
 from lightning_mqgnn.graph.npz import load_npz  # noqa: E402
 from lightning_mqgnn.models.layers import GCNLayer, SAGELayer  # noqa: E402
 from lightning_mqgnn.models.pyg import PyGLayer, PyGNodeClassifier, gat_stack, gcn_stack, sage_stack  # noqa: E402
@@ -230,14 +229,12 @@ def test_layer_stacks_and_factories(ds):
 def train_params(ds, model_fn, mode: str, epochs: int = 3, **dm_kw):
     torch.manual_seed(3)
     model = model_fn()
-    dm = MQGNNDataModule(
+    dm = worker_pipeline(
         ds,
         NeighborSampler(ds.graph, [5, 5], model.aggregation),
+        mode,
         batch_size=64,
-        mode=mode,
-        num_workers=1,
         seed=4,
-        producer="workers",
         aggregate_inputs=True,  # honoured only for modules that accept it: PyG stacks get rows
         **dm_kw,
     )

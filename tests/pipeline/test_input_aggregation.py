@@ -6,9 +6,8 @@ from dataclasses import replace
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers.pipeline import make_trainer, seeded_module, small_dataset
+from helpers.pipeline import make_trainer, seeded_module, small_dataset, worker_pipeline
 
-from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.models import NodeClassifier
 from lightning_mqgnn.pipeline.gather import gather
 from lightning_mqgnn.sampling.fastgcn import FastGCNSampler
@@ -65,16 +64,8 @@ def test_a_step_on_the_aggregation_equals_a_step_on_the_rows(ds, conv):
 
 
 def train(ds, mode: str, aggregate_inputs: bool, cache=None, sampler=None) -> torch.Tensor:
-    dm = MQGNNDataModule(
-        ds,
-        sampler or NeighborSampler(ds.graph, [5, 5]),
-        batch_size=128,
-        mode=mode,
-        num_workers=1,
-        seed=4,
-        producer="workers",
-        aggregate_inputs=aggregate_inputs,
-        feature_cache=cache,
+    dm = worker_pipeline(
+        ds, sampler, mode, batch_size=128, seed=4, aggregate_inputs=aggregate_inputs, feature_cache=cache
     )
     model = seeded_module(ds, seed=3)
     make_trainer(max_epochs=2).fit(model, dm)
@@ -114,15 +105,7 @@ class RecordBatchKind(pl.Callback):
 @pytest.mark.parametrize("mode", ["sequential", "pipeline"])
 @pytest.mark.parametrize(("module_cls", "aggregated"), [(NodeClassifier, True), (RowsOnlyClassifier, False)])
 def test_the_datamodule_aggregates_only_for_modules_that_accept_it(ds, mode, module_cls, aggregated):
-    dm = MQGNNDataModule(
-        ds,
-        NeighborSampler(ds.graph, [5, 5]),
-        batch_size=256,
-        mode=mode,
-        num_workers=1,
-        producer="workers",
-        aggregate_inputs=True,
-    )
+    dm = worker_pipeline(ds, mode=mode, batch_size=256, aggregate_inputs=True)
     assert dm.source.input_aggregation == "mean"  # no module attached yet: as configured
     record = RecordBatchKind()
     make_trainer(callbacks=[record], max_epochs=1).fit(

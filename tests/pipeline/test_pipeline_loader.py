@@ -196,15 +196,7 @@ class Capture(pl.Callback):
 @pytest.mark.parametrize("mode", ["sequential", "pipeline"])
 def test_feature_cache_is_refreshed_each_epoch_and_merged_before_the_model(ds, mode):
     cache = TinyCache(ds.num_nodes, 300)
-    dm = MQGNNDataModule(
-        ds,
-        NeighborSampler(ds.graph, [5, 5]),
-        batch_size=256,
-        mode=mode,
-        num_workers=1,
-        feature_cache=cache,
-        producer="workers",
-    )
+    dm = worker_pipeline(ds, mode=mode, batch_size=256, feature_cache=cache)
     cap = Capture()
     trainer = make_trainer([cap], max_epochs=2)
     trainer.fit(seeded_module(ds), dm)
@@ -227,14 +219,8 @@ def test_gns_cache_and_sampler_train_identically_in_both_modes(ds):
     out = {}
     for mode in ("sequential", "pipeline"):
         cache = GNSCache(ds.graph, ds.train_idx, fraction=0.05, fanouts=(5, 5), seed=0)
-        dm = MQGNNDataModule(
-            ds,
-            GNSSampler(ds.graph, [5, 5], cache),
-            batch_size=256,
-            mode=mode,
-            num_workers=1,
-            feature_cache=cache,
-            producer="workers",
+        dm = worker_pipeline(
+            ds, GNSSampler(ds.graph, [5, 5], cache), mode, batch_size=256, feature_cache=cache
         )
         cap = Capture()
         trainer = make_trainer([cap], max_epochs=2)

@@ -8,10 +8,10 @@ import pickle
 import pytest
 import torch
 from helpers.devices import DEVICES, on_device
+from helpers.estimators import assert_input_layer_unbiased
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.pipeline.gather import gather
-from lightning_mqgnn.sampling.exact import edge_weights, full_block
 from lightning_mqgnn.sampling.feature_cache import (
     GNSCache,
     choose_rule,
@@ -99,23 +99,16 @@ def test_cached_input_layer_aggregation_is_unbiased(aggregation, device):
     graph = random_graph(80, 240, 5)
     train = torch.arange(80)
     cache = GNSCache(graph, train, fraction=0.15, seed=2)
-    sampler = GNSSampler(graph, [3], cache, aggregation=aggregation)
-    h = torch.randn(80, 2, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    seeds = torch.tensor([0, 11, 42, 77])
-    exact_block, _ = full_block(graph, seeds, *edge_weights(graph, aggregation))
-    truth = exact_block.aggregate(h.float()).double()
-    trials = 1500
-    est = torch.zeros(trials, 4, 2, dtype=torch.float64)
-    moved = on_device(sampler, device)
-    torch.manual_seed(7)
-    for t in range(trials):
+    moved = on_device(GNSSampler(graph, [3], cache, aggregation=aggregation), device)
+
+    def draw(t, seeds):
         cache.refresh_(t + 1)
         copy_state_(moved.cache, cache)  # the device copy follows the host redraw, as in the loader
         b = moved.sample(seeds.to(device)).to("cpu")
         assert b.meta["cache_version"] == t + 1
-        est[t] = b.blocks[0].aggregate(h[b.input_nodes].float()).double()
-    se = est.std(0) / trials**0.5
-    assert ((est.mean(0) - truth).abs() <= 4.5 * se + 1e-5).all()
+        return b
+
+    assert_input_layer_unbiased(graph, aggregation, draw, torch.tensor([0, 11, 42, 77]))
 
 
 @pytest.mark.parametrize("aggregation", ["gcn", "mean"])

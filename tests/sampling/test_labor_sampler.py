@@ -9,6 +9,7 @@ import pickle
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers.estimators import assert_input_layer_unbiased
 from helpers.paths import CONF
 from helpers.pipeline import make_trainer, seeded_module, small_dataset
 
@@ -345,21 +346,15 @@ def test_gns_labor_input_layer_is_unbiased_and_reads_only_cached_neighbours(aggr
     graph = CSRGraph.from_edges(src, dst, 80, symmetrize=True)
     cache = GNSCache(graph, torch.arange(80), fraction=0.15, seed=2)
     sampler = GNSSampler(graph, [3], cache, aggregation=aggregation, sampling="labor", importance_sampling=-1)
-    h = torch.randn(80, 2, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    seeds = torch.tensor([0, 11, 42, 77])
-    exact_block, _ = full_block(graph, seeds, *edge_weights(graph, aggregation))
-    truth = exact_block.aggregate(h.float()).double()
-    trials = 1500
-    est = torch.zeros(trials, 4, 2, dtype=torch.float64)
-    torch.manual_seed(7)
-    for t in range(trials):
+
+    def draw(t, seeds):
         cache.refresh_(t + 1)
         b = sampler.sample(seeds)
         extra = b.input_nodes[b.blocks[0].num_dst :]
         assert (cache.slot[extra] >= 0).all()
-        est[t] = b.blocks[0].aggregate(h[b.input_nodes].float()).double()
-    se = est.std(0) / trials**0.5
-    assert ((est.mean(0) - truth).abs() <= 4.5 * se + 1e-5).all()
+        return b
+
+    assert_input_layer_unbiased(graph, aggregation, draw, torch.tensor([0, 11, 42, 77]))
 
 
 def test_gns_labor_upper_layers_are_labor_samplers_layers():
