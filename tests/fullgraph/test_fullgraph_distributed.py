@@ -4,56 +4,19 @@ training; stale and quantised modes keep their staleness bound; a dying rank fai
 from __future__ import annotations
 
 import io
-import queue as queue_module
-import socket
-import time
 
 import helpers.fullgraph_ranks as ranks
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from lightning_mqgnn.fullgraph import PartitionBook  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(target, timeout: float) -> dict[int, tuple[str, object]]:
-    """Start the 4 ranks, collect one report from each (or from those alive), kill leftovers."""
-    ctx = mp.get_context("fork")  # the ranks inherit the imported modules: no 4x import on 2 cores
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=target, args=(r, port, q), daemon=True) for r in range(ranks.WORLD)]
-    for p in procs:
-        p.start()
-    reports: dict[int, tuple[str, object]] = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while len(reports) < ranks.WORLD and time.monotonic() < deadline:
-            try:
-                rank, status, payload = q.get(timeout=0.5)
-                reports[rank] = (status, payload)
-            except queue_module.Empty:
-                if all(not p.is_alive() for p in procs) and q.empty():
-                    break
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return reports
-
-
 @pytest.fixture(scope="module")
 def equivalence_reports():
-    reports = _launch(ranks.equivalence_rank, timeout=120)
+    reports = ranks.launch(ranks.equivalence_rank, timeout=120)
     errors = {r: p for r, (s, p) in reports.items() if s != "ok"}
     assert not errors, "\n".join(f"rank {r}:\n{p}" for r, p in errors.items())
     assert sorted(reports) == list(range(ranks.WORLD)), f"ranks reported: {sorted(reports)}"
@@ -120,20 +83,5 @@ def test_pipeqs_sends_fewer_bytes_and_stays_close(equivalence_reports):
             assert abs(loss - ref_loss) < 0.05 * ref_loss
 
 
-def assert_peers_fail_fast(target, dead: int) -> None:
-    """Run ``target`` on the ranks, rank ``dead`` dies: every other rank must report a
-    HaloExchangeError naming the cause, within 20 s of the death (45 s for the whole launch)."""
-    start = time.monotonic()
-    reports = _launch(target, timeout=60)
-    assert time.monotonic() - start < 45
-    survivors = {r: v for r, v in reports.items() if r != dead}
-    assert sorted(survivors) == [r for r in range(ranks.WORLD) if r != dead], reports
-    for rank, (status, message) in survivors.items():
-        assert status == "HaloExchangeError", f"rank {rank}: {status} {message}"
-        assert "peer rank probably died" in message
-        elapsed = float(message.rsplit("after ", 1)[1].split(" s]")[0])
-        assert 0 <= elapsed < 20, message
-
-
 def test_dying_rank_fails_fast_with_a_clear_error():
-    assert_peers_fail_fast(ranks.dying_rank, dead=3)
+    ranks.assert_peers_fail_fast(ranks.dying_rank, dead=3)

@@ -8,7 +8,6 @@ import math
 import helpers.fullgraph_ranks as ranks
 import pytest
 import torch
-from test_fullgraph_distributed import assert_peers_fail_fast
 
 from lightning_mqgnn.fullgraph import PartitionBook, PipelineLayout, chunk_partition
 from lightning_mqgnn.fullgraph.chunks import inner_graph
@@ -81,4 +80,4 @@ def test_gcnii_layer_is_equation_5():
 
 @pytest.mark.distributed
 def test_dying_stage_fails_fast_with_a_clear_error():
-    assert_peers_fail_fast(ranks.dying_stage, dead=2)
+    ranks.assert_peers_fail_fast(ranks.dying_stage, dead=2)

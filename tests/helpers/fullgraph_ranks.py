@@ -1,15 +1,19 @@
-"""Rank bodies of the full-graph distributed tests (4 gloo processes, started by the tests)."""
+"""Rank bodies of the full-graph distributed tests (4 gloo processes), their launcher and the
+fail-fast check on a dying rank."""
 
 from __future__ import annotations
 
 import io
 import os
+import queue as queue_module
+import socket
 import time
 import traceback
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from lightning_mqgnn.fullgraph import (
     FullGraphNodeClassifier,
@@ -207,3 +211,51 @@ def dying_stage(rank: int, port: int, queue) -> None:
     except BaseException as err:  # noqa: BLE001
         elapsed = time.perf_counter() - start if start is not None else -1.0
         queue.put((rank, type(err).__name__, f"{err} [after {elapsed:.1f} s]"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(target, timeout: float) -> dict[int, tuple[str, object]]:
+    """Start the 4 ranks, collect one report from each (or from those alive), kill leftovers."""
+    ctx = mp.get_context("fork")  # the ranks inherit the imported modules: no 4x import on 2 cores
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, port, q), daemon=True) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    reports: dict[int, tuple[str, object]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(reports) < WORLD and time.monotonic() < deadline:
+            try:
+                rank, status, payload = q.get(timeout=0.5)
+                reports[rank] = (status, payload)
+            except queue_module.Empty:
+                if all(not p.is_alive() for p in procs) and q.empty():
+                    break
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return reports
+
+
+def assert_peers_fail_fast(target, dead: int) -> None:
+    """Run ``target`` on the ranks, rank ``dead`` dies: every other rank must report a
+    HaloExchangeError naming the cause, within 20 s of the death (45 s for the whole launch)."""
+    start = time.monotonic()
+    reports = launch(target, timeout=60)
+    assert time.monotonic() - start < 45
+    survivors = {r: v for r, v in reports.items() if r != dead}
+    assert sorted(survivors) == [r for r in range(WORLD) if r != dead], reports
+    for rank, (status, message) in survivors.items():
+        assert status == "HaloExchangeError", f"rank {rank}: {status} {message}"
+        assert "peer rank probably died" in message
+        elapsed = float(message.rsplit("after ", 1)[1].split(" s]")[0])
+        assert 0 <= elapsed < 20, message

@@ -12,6 +12,17 @@ from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
 
 
+def random_graph(n: int = 300, m: int = 2400, seed: int = 0, *, isolate_last: bool = False) -> CSRGraph:
+    """``m`` uniformly random edges (symmetrized) among ``n`` nodes, seeded; ``isolate_last`` drops
+    the edges touching node ``n - 1``, which then stays isolated on purpose."""
+    g = torch.Generator().manual_seed(seed)
+    src, dst = torch.randint(0, n, (m,), generator=g), torch.randint(0, n, (m,), generator=g)
+    if isolate_last:
+        keep = (src != n - 1) & (dst != n - 1)
+        src, dst = src[keep], dst[keep]
+    return CSRGraph.from_edges(src, dst, n, symmetrize=True)
+
+
 def ring_dataset(num_nodes: int = 12, num_features: int = 4, num_classes: int = 3) -> GraphDataset:
     """An undirected ring with valid features, labels and a 6/3/3-style split."""
     src = torch.arange(num_nodes)

@@ -11,7 +11,9 @@ from lightning_mqgnn.pipeline.gather import gather
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 
-def small_dataset(n=120, f=6, classes=3, seed=0) -> GraphDataset:
+def uniform_edges_dataset(n=120, f=6, classes=3, seed=0) -> GraphDataset:
+    """600 uniformly random edges, random features and labels, a random 60/30/rest split: not the
+    generated arxiv-like graph of ``helpers.pipeline.small_dataset``."""
     g = torch.Generator().manual_seed(seed)
     src, dst = torch.randint(0, n, (600,), generator=g), torch.randint(0, n, (600,), generator=g)
     graph = CSRGraph.from_edges(src, dst, n, symmetrize=True)
@@ -31,7 +33,7 @@ def small_dataset(n=120, f=6, classes=3, seed=0) -> GraphDataset:
 @pytest.mark.parametrize("conv,aggregation", [("gcn", "gcn"), ("sage", "mean")])
 def test_full_fanout_forward_equals_exact_inference(conv, aggregation):
     torch.manual_seed(0)
-    ds = small_dataset()
+    ds = uniform_edges_dataset()
     model = NodeClassifier(ds.num_features, ds.num_classes, conv=conv, hidden=16, dropout=0.0).eval()
     sampler = NeighborSampler(ds.graph, [-1, -1], aggregation)
     nodes = ds.test_idx
@@ -44,7 +46,7 @@ def test_full_fanout_forward_equals_exact_inference(conv, aggregation):
 
 def test_training_step_reduces_loss_on_a_fixed_batch():
     torch.manual_seed(0)
-    ds = small_dataset()
+    ds = uniform_edges_dataset()
     model = NodeClassifier(ds.num_features, ds.num_classes, conv="sage", hidden=16, dropout=0.0, lr=1e-2)
     batch = gather(NeighborSampler(ds.graph, [3, 3]).sample(ds.train_idx), ds.features, ds.labels)
     opt = model.configure_optimizers()

@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers.devices import DEVICES, on_device
 from helpers.estimators import assert_input_layer_unbiased
+from helpers.graphs import random_graph
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.pipeline.gather import gather
@@ -23,13 +24,6 @@ from lightning_mqgnn.sampling.feature_cache import (
 from lightning_mqgnn.sampling.gns import GNSSampler
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 from lightning_mqgnn.sampling.residency import copy_state_
-
-
-def random_graph(n: int, m: int, seed: int) -> CSRGraph:
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(0, n, (m,), generator=g)
-    dst = torch.randint(0, n, (m,), generator=g)
-    return CSRGraph.from_edges(src, dst, n, symmetrize=True)
 
 
 def test_rule_follows_the_training_fraction():

@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from helpers.estimators import assert_input_layer_unbiased
+from helpers.graphs import random_graph
 from helpers.paths import CONF
 from helpers.pipeline import make_trainer, seeded_module, small_dataset
 
@@ -29,13 +30,6 @@ from lightning_mqgnn.sampling.labor import (
     threshold,
 )
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
-
-
-def random_graph(n=300, m=2400, seed=0) -> CSRGraph:
-    g = torch.Generator().manual_seed(seed)
-    src, dst = torch.randint(0, n, (m,), generator=g), torch.randint(0, n, (m,), generator=g)
-    keep = (src != n - 1) & (dst != n - 1)  # node n-1 stays isolated on purpose
-    return CSRGraph.from_edges(src[keep], dst[keep], n, symmetrize=True)
 
 
 def community_graph(groups=20, size=40, p_in=0.5, extra=400, seed=0) -> CSRGraph:
@@ -61,7 +55,7 @@ def row_counts(block) -> torch.Tensor:
 @pytest.mark.parametrize("importance_sampling", [0, -1])
 def test_monte_carlo_mean_of_ht_weights_matches_exact_aggregation(aggregation, importance_sampling):
     torch.manual_seed(1)
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     h = torch.randn(graph.num_nodes, 4, dtype=torch.float64)
     seeds = torch.arange(0, graph.num_nodes, 7)
     exact_block, _ = full_block(graph, seeds, *edge_weights(graph, aggregation))
@@ -84,7 +78,7 @@ def test_monte_carlo_mean_of_ht_weights_matches_exact_aggregation(aggregation, i
 def test_hajek_weights_are_the_ht_weights_normalised_to_each_rows_exact_mass(
     aggregation, importance_sampling
 ):
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     seeds = torch.arange(0, graph.num_nodes, 3)
     ht = LaborSampler(graph, [4], aggregation, importance_sampling, estimator="ht")
     hajek = LaborSampler(graph, [4], aggregation, importance_sampling, estimator="hajek")
@@ -210,7 +204,7 @@ def test_importance_probabilities_converge_and_keep_every_rows_variance():
 
 
 def test_blocks_keep_destinations_as_source_prefix_and_seeded_draws_repeat():
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     sampler = LaborSampler(graph, [4, 2], "gcn", importance_sampling=1)
     seeds = torch.tensor([5, 17, 42, graph.num_nodes - 1])
     torch.manual_seed(3)
@@ -240,7 +234,7 @@ def test_blocks_keep_destinations_as_source_prefix_and_seeded_draws_repeat():
 
 
 def test_block_normalization_is_eq2_on_the_sampled_block_times_row_normalised_importance():
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     seeds = torch.arange(0, 60, 3)
     for rounds in (0, 2):
         torch.manual_seed(2)
@@ -266,7 +260,7 @@ def test_block_normalization_is_eq2_on_the_sampled_block_times_row_normalised_im
 
 
 def test_bad_arguments_name_the_problem():
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     with pytest.raises(ValueError, match="fanouts"):
         LaborSampler(graph, [5, 0])
     with pytest.raises(ValueError, match="aggregation"):
@@ -283,7 +277,7 @@ def test_bad_arguments_name_the_problem():
 
 
 def test_full_fanout_keeps_every_edge_with_exact_weights():
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     seeds = torch.arange(0, 50, 5)
     block = LaborSampler(graph, [-1], "mean", importance_sampling=-1).sample(seeds).blocks[0]
     exact, _ = full_block(graph, seeds, *edge_weights(graph, "mean"))
@@ -295,7 +289,7 @@ def test_full_fanout_keeps_every_edge_with_exact_weights():
 
 
 def test_sampler_pickles_without_its_scratch_and_samples_the_same_in_a_copy():
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     sampler = LaborSampler(graph, [4, 4], "mean", importance_sampling=-1)
     torch.manual_seed(0)
     first = sampler.sample(torch.arange(30))
@@ -358,7 +352,7 @@ def test_gns_labor_input_layer_is_unbiased_and_reads_only_cached_neighbours(aggr
 
 
 def test_gns_labor_upper_layers_are_labor_samplers_layers():
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     cache = GNSCache(graph, torch.arange(250), fraction=0.1, seed=3)
     sampler = GNSSampler(graph, [4, 5], cache, aggregation="mean", sampling="labor", estimator="hajek")
     torch.manual_seed(9)
@@ -388,7 +382,7 @@ def test_labor_model_configs_build_their_sampler(model, aggregation, rounds, nor
         cfg = compose(
             config_name="config", overrides=[f"model={model}", "paths.repo=.", "paths.shared_data=."]
         )
-    sampler = instantiate(cfg.model.sampler)(graph=random_graph())
+    sampler = instantiate(cfg.model.sampler)(graph=random_graph(isolate_last=True))
     module = instantiate(cfg.model.module)(in_dim=8, num_classes=3)
     assert isinstance(sampler, LaborSampler) and cfg.model.name == model
     assert sampler.layer_dependency is dependent
@@ -401,7 +395,7 @@ def test_labor_model_configs_build_their_sampler(model, aggregation, rounds, nor
 
 
 def test_candidate_edges_dataclass_names_rows():
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     cand, pos = in_edge_candidates(graph, torch.tensor([3, 4]))
     assert isinstance(cand, CandidateEdges)
     assert torch.equal(cand.src, graph.indices[pos])

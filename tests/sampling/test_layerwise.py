@@ -7,6 +7,7 @@ import pickle
 import pytest
 import torch
 from helpers.devices import DEVICES, on_device
+from helpers.graphs import random_graph
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.base import Sampler
@@ -22,13 +23,6 @@ VARIANTS = [
 def variant_id(v) -> str:
     cls, flat, debias = v
     return cls.__name__[:-7].lower() + ("_f" if flat else "") + ("_d" if debias else "")
-
-
-def random_graph(n: int, m: int, seed: int) -> CSRGraph:
-    g = torch.Generator().manual_seed(seed)
-    return CSRGraph.from_edges(
-        torch.randint(0, n, (m,), generator=g), torch.randint(0, n, (m,), generator=g), n, symmetrize=True
-    )
 
 
 def dense_laplacian(graph: CSRGraph) -> torch.Tensor:

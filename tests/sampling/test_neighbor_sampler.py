@@ -3,19 +3,12 @@
 import pytest
 import torch
 from helpers.devices import DEVICES, on_device
+from helpers.graphs import random_graph
 from helpers.paths import CONF
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.exact import edge_weights, full_block
 from lightning_mqgnn.sampling.neighbor import NeighborSampler, sample_neighbor_edges
-
-
-def random_graph(n=300, m=2400, seed=0) -> CSRGraph:
-    g = torch.Generator().manual_seed(seed)
-    src, dst = torch.randint(0, n, (m,), generator=g), torch.randint(0, n, (m,), generator=g)
-    # node n-1 stays isolated on purpose
-    keep = (src != n - 1) & (dst != n - 1)
-    return CSRGraph.from_edges(src[keep], dst[keep], n, symmetrize=True)
 
 
 def exact_aggregate(graph, seeds, aggregation, h):
@@ -28,7 +21,7 @@ def exact_aggregate(graph, seeds, aggregation, h):
 @pytest.mark.parametrize("device", DEVICES)
 def test_monte_carlo_mean_matches_exact_aggregation(aggregation, replace, device):
     torch.manual_seed(1)
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     h = torch.randn(graph.num_nodes, 4, dtype=torch.float64)
     seeds = torch.arange(0, graph.num_nodes, 7)
     exact = exact_aggregate(graph, seeds, aggregation, h.float()).double()
@@ -48,7 +41,7 @@ def test_monte_carlo_mean_matches_exact_aggregation(aggregation, replace, device
 
 def test_blocks_keep_destinations_as_source_prefix_and_respect_fanout():
     torch.manual_seed(0)
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     sampler = NeighborSampler(graph, [4, 2], "mean", replace=False)
     seeds = torch.tensor([5, 17, 42, graph.num_nodes - 1])
     batch = sampler.sample(seeds)
@@ -111,7 +104,7 @@ def test_floyd_subsets_are_uniform_over_all_subsets():
 
 
 def test_invalid_fanouts_are_rejected():
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     with pytest.raises(ValueError, match="fanouts"):
         NeighborSampler(graph, [5, 0])
     with pytest.raises(ValueError, match="aggregation"):
@@ -120,7 +113,7 @@ def test_invalid_fanouts_are_rejected():
 
 def test_block_normalization_is_eq2_on_the_sampled_block_and_only_for_gcn():
     torch.manual_seed(2)
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     batch = NeighborSampler(graph, [3, 3], "gcn", normalization="block").sample(torch.arange(0, 40, 3))
     for block in batch.blocks:
         rows = block.dst_ids()
@@ -146,7 +139,7 @@ def test_gcn_model_configs_choose_their_normalization(model, normalization):
         cfg = compose(
             config_name="config", overrides=[f"model={model}", "paths.repo=.", "paths.shared_data=."]
         )
-    sampler = instantiate(cfg.model.sampler)(graph=random_graph())
+    sampler = instantiate(cfg.model.sampler)(graph=random_graph(isolate_last=True))
     assert (cfg.model.name, sampler.aggregation, sampler.normalization) == (model, "gcn", normalization)
 
 
@@ -178,7 +171,7 @@ def test_padded_subsets_keep_the_cpu_paths_rows_and_law():
     # the GPU layout (one host read): run on the CPU here, rows of every degree, empty ones too
     from lightning_mqgnn.sampling.neighbor import subset_positions_padded
 
-    graph = random_graph()
+    graph = random_graph(isolate_last=True)
     torch.manual_seed(7)
     nodes = torch.randint(0, graph.num_nodes, (500,))
     starts = graph.indptr[nodes]
