@@ -11,12 +11,21 @@ PRIVATE_APIS: dict[str, str] = {
         "(a fallback to it is kept)"
     ),
     "lightning.pytorch.overrides.distributed._sync_module_states": (
-        "strategy/mqgnn.py: starts every rank from rank 0's parameters and buffers exactly as "
+        "strategy/mqgnn.py, fullgraph/strategy_base.py: starts every rank from rank 0's parameters and buffers exactly as "
         "DistributedDataParallel's constructor does, without wrapping the model in DDP"
     ),
     "lightning.fabric.strategies._StrategyRegistry": (
-        "strategy/mqgnn.py: the type of the registry Lightning passes to register_strategies, "
-        "through which the strategy is registered under the names 'mqgnn' and 'mqgnn_spawn'"
+        "strategy/mqgnn.py, fullgraph/strategy.py, fullgraph/gnnpipe.py: the type of the registry Lightning passes to register_strategies, "
+        "through which each strategy registers its names ('mqgnn', 'mqgnn_spawn', ...)"
+    ),
+    "lightning.pytorch.core.module.LightningModule._trainer": (
+        "models/node_classifier.py, strategy/mqgnn.py: the module's trainer or None; the public "
+        "LightningModule.trainer raises when no trainer is attached (a module stepped by hand, a "
+        "checkpoint saved outside fit), where these callers only need to know that"
+    ),
+    "lightning.pytorch.strategies.ddp.DDPStrategy._ddp_kwargs": (
+        "strategy/mqgnn.py: the DistributedDataParallel arguments the user passed, checked "
+        "against what the gradient queues support; DDPStrategy keeps them only in this attribute"
     ),
     "lightning.fabric.utilities.types._PATH": (
         "strategy/mqgnn.py: the path type of the overridden save_checkpoint/load_checkpoint, "

@@ -26,8 +26,7 @@ class StageTimingCallback(pl.Callback):
     """Record and log every training batch's stage times; ``summary`` holds the end-of-fit digest.
 
     ``batch_s`` runs from the previous batch's end (so waiting for data counts) to this one's.
-    Every batch is recorded; only every ``log_every_n_steps``-th (default: the Trainer's) goes to
-    the logger, and nothing without one: ``log_dict`` has a cost per key in the training thread,
+    Every batch is recorded; only every Trainer ``log_every_n_steps``-th goes to the logger, and nothing without one: ``log_dict`` has a cost per key in the training thread,
     which on a pipeline bound by compute is lost throughput.
 
     On CUDA every reading waits for the current stream (not the side stream) so forward/backward
@@ -35,9 +34,8 @@ class StageTimingCallback(pl.Callback):
     epoch and validation boundaries (the stage times are then host-side times).
     """
 
-    def __init__(self, trim: int = 20, log_every_n_steps: int | None = None, cuda_sync: bool = True):
+    def __init__(self, trim: int = 20, cuda_sync: bool = True):
         self.trim = trim
-        self.log_every_n_steps = log_every_n_steps
         self.clock = TrainingClock(sync_every_batch=cuda_sync)
         self.records: dict[str, list[float]] = defaultdict(list)
         self.epoch_times: list[float] = []
@@ -95,8 +93,7 @@ class StageTimingCallback(pl.Callback):
                 row[key] = float(meta[key])
         for key, value in row.items():
             self.records[key].append(value)
-        every = self.log_every_n_steps or trainer.log_every_n_steps
-        if trainer.logger is not None and trainer.global_step % max(1, every) == 0:
+        if trainer.logger is not None and trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
             pl_module.log_dict(
                 {f"stage/{k}": v for k, v in row.items()}, on_step=True, on_epoch=False, batch_size=1
             )

@@ -200,6 +200,7 @@ class GNNPipeStrategy(FullGraphStrategyBase):
             self.pipeline = None
         super().teardown()
 
+    @override
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state["pipeline"] = None

@@ -35,6 +35,7 @@ from lightning_mqgnn.fullgraph.quantize import (
     quantize,
 )
 from lightning_mqgnn.fullgraph.transport import HaloExchangeError, Transport
+from lightning_mqgnn.sampling.rng import derived_seed
 
 MODES = ("sync", "stale")
 MAX_STALENESS = 1  # epochs: a stale halo is always the previous epoch's
@@ -90,11 +91,10 @@ class HaloExchanger:
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
         self.smoothing = smoothing
-        self.generator = torch.Generator().manual_seed(seed * 1_000_003 + part.rank)
+        self.generator = torch.Generator().manual_seed(derived_seed(seed, part.rank))
         self.epoch = 0
         self.channels: dict[tuple[int, str], _Channel] = {}
         self.bytes_sent = 0  # payload of every training message this rank launched
-        self.eval_bytes_sent = 0  # and of the exact exchanges of evaluation
         self.wait_s = 0.0  # time the training thread waited for exchanges
         self._tag = 0
         self._send_all = torch.cat(part.send_idx) if part.send_idx else torch.empty(0, dtype=torch.int64)
@@ -189,11 +189,8 @@ class HaloExchanger:
                 channel.noise_sq += sum(expected_noise_sq(c) for c in codes)
             sends = [c.to_bytes() for c in codes]
             recvs = [torch.empty(message_bytes(n, cols, bits), dtype=torch.uint8) for n in recv_counts]
-        sent = sum(s.numel() * s.element_size() for s in sends)
         if training:
-            self.bytes_sent += sent
-        else:
-            self.eval_bytes_sent += sent
+            self.bytes_sent += sum(s.numel() * s.element_size() for s in sends)
         tag = self._tag
         self._tag = (self._tag + 1) % (1 << 24)
         transport = self.transport

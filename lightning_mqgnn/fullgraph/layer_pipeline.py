@@ -45,6 +45,7 @@ from lightning_mqgnn.fullgraph.layout import PipelineLayout
 from lightning_mqgnn.fullgraph.stacks import Stack
 from lightning_mqgnn.fullgraph.transport import Transport
 from lightning_mqgnn.models.metrics import node_loss
+from lightning_mqgnn.sampling.rng import epoch_seed
 
 # message kinds, part of every tag so that the streams of one link never mix
 FORWARD, BACKWARD, EVAL, HALO_VALUES, HALO_GRADS, HALO_EVAL = range(1, 7)
@@ -158,7 +159,7 @@ class LayerPipeline:
     def chunk_order(self, epoch: int) -> list[int]:
         if not self.shuffle:
             return list(range(len(self.chunks)))
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        gen = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
         return torch.randperm(len(self.chunks), generator=gen).tolist()
 
     def forward_phase(self, stack: Stack, batch: PartitionBatch, epoch: int) -> Tensor:
@@ -306,7 +307,7 @@ class LayerPipeline:
         if p <= 0.0:
             self._input_keep = None
             return
-        gen = torch.Generator(device=self._device).manual_seed(self.seed * 1_000_003 + self.epoch + 1)
+        gen = torch.Generator(device=self._device).manual_seed(epoch_seed(self.seed, self.epoch + 1))
         shape = batch.features.shape
         self._input_keep = torch.rand(shape, generator=gen, device=self._device) >= p
         self._input_scale = 1.0 / (1.0 - p)

@@ -151,6 +151,7 @@ class FullGraphStrategy(FullGraphStrategyBase):
             self.exchanger = None
         super().teardown()
 
+    @override
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state["exchanger"] = None

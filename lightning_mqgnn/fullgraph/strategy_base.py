@@ -98,6 +98,7 @@ class FullGraphStrategyBase(DDPStrategy):
 
         return super().optimizer_step(optimizer, closure_then_reduce, model, **kwargs)
 
+    @override
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state["_group"] = None

@@ -32,8 +32,6 @@ class Transport:
         self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(world_size))
         if len(self.global_ranks) != world_size:
             raise ValueError(f"Transport: {len(self.global_ranks)} global ranks for {world_size} peers")
-        self.bytes_sent = 0
-        self.messages_sent = 0
 
     def exchange(self, sends: list[Tensor], recvs: list[Tensor], tag: int) -> None:
         works = []
@@ -46,8 +44,6 @@ class Transport:
                     works.append(dist.irecv(recvs[peer], src=other, group=self.group, tag=tag))
                 if sends[peer].numel():
                     works.append(dist.isend(sends[peer], dst=other, group=self.group, tag=tag))
-                    self.bytes_sent += sends[peer].numel() * sends[peer].element_size()
-                    self.messages_sent += 1
             for work in works:
                 work.wait()
         except RuntimeError as err:

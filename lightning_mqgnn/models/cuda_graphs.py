@@ -272,11 +272,10 @@ class CUDAGraphSteps:
     """The graphed losses of one module, by bucket: ``loss(module, batch)`` captures a bucket on
     its first batch (``capture``) and replays it for every later batch of that bucket. Returns
     None for a batch it does not graph, which the caller then runs eagerly (batches ``bucket_of``
-    refuses, and those of new shapes after ``max_graphs`` buckets); a capture that fails is an
+    refuses, and those of new shapes after ``MAX_GRAPHS`` buckets); a capture that fails is an
     error that names the way out."""
 
-    def __init__(self, max_graphs: int = MAX_GRAPHS):
-        self.max_graphs = max_graphs
+    def __init__(self):
         self._graphs: dict[BucketShape, _Graph] = {}
 
     @property
@@ -284,7 +283,7 @@ class CUDAGraphSteps:
         return len(self._graphs)
 
     def __getstate__(self) -> dict:  # graphs live in one process's device memory: not copied
-        return {"max_graphs": self.max_graphs, "_graphs": {}}
+        return {"_graphs": {}}
 
     def loss(self, module: nn.Module, batch: MiniBatch) -> Tensor | None:
         shape = bucket_of(batch)
@@ -297,7 +296,7 @@ class CUDAGraphSteps:
         if graph is not None:
             graph.padded.fill(batch)
         else:
-            if len(self._graphs) >= self.max_graphs:
+            if len(self._graphs) >= MAX_GRAPHS:
                 return None
             padded = PaddedBatch(shape, batch.labels.device)
             padded.fill(batch)

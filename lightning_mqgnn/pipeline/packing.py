@@ -189,13 +189,11 @@ class SlotArena:
     def __init__(self, max_slots: int, pin: bool = False):
         self.max_slots = max_slots
         self.pin = pin  # page-lock each slot for CUDA copies straight from it (``pin_in_place``)
-        self.pinned = 0  # slots page-locked so far
         self.slot_bytes = 0  # 0 until a batch size was seen: no slots before that
         self._slots: list[Tensor | None] = [None] * max_slots
         self._versions = [0] * max_slots
         self._free = list(range(max_slots))
         self._lock = threading.Lock()
-        self.fallbacks = 0  # batches that did not fit their slot
 
     def acquire(self) -> tuple[int, int, Tensor] | None:
         """``(slot id, version, slot)``; the version changes whenever the slot is reallocated."""
@@ -207,8 +205,8 @@ class SlotArena:
             if slot is None or slot.numel() < self.slot_bytes:
                 slot = shared_bytes(self.slot_bytes)
                 slot.fill_(0)  # fault every page in now, not while a worker fills it
-                if self.pin and pin_in_place(slot):
-                    self.pinned += 1
+                if self.pin:
+                    pin_in_place(slot)
                 self._slots[i] = slot
                 self._versions[i] += 1
             return i, self._versions[i], slot
@@ -219,8 +217,7 @@ class SlotArena:
         with self._lock:
             if nbytes > self.slot_bytes:
                 self.slot_bytes = -(-int(nbytes * SLOT_HEADROOM) // _ALIGN) * _ALIGN
-        if slot_id >= 0:
-            self.fallbacks += 1
+        if slot_id >= 0:  # the batch did not fit its slot
             self.release(slot_id)
 
     def claim(self, slot_id: int, nbytes: int) -> Tensor:

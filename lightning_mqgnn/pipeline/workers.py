@@ -256,8 +256,6 @@ class SamplerWorkerPool:
         self._results = None
         self._in_flight_per: list[int] = []
         self._slots_sent: list[dict[int, int]] = []  # per worker: slot id -> version it holds
-        self.slot_sends = 0  # tasks that carried a slot's tensor; the others named a held slot
-        self.tasks_without_slot = 0  # slots unsized or all lent: the batch goes in a fresh segment
         self._finalizer = None
 
     @property
@@ -316,16 +314,13 @@ class SamplerWorkerPool:
     def submit(self, generation: int, index: int, seeds: Tensor, rng_seed: int) -> None:
         worker = min(range(self.num_workers), key=self._in_flight_per.__getitem__)
         lent = self.arena.acquire()
-        slot_id, slot = -1, None
-        if lent is None:
-            self.tasks_without_slot += 1
-        else:
+        slot_id, slot = -1, None  # no slot (unsized or all lent): the batch comes in a fresh segment
+        if lent is not None:
             slot_id, version, slot = lent
             if self._slots_sent[worker].get(slot_id) == version:
                 slot = None  # the worker holds this slot already: send its number only
             else:
                 self._slots_sent[worker][slot_id] = version
-                self.slot_sends += 1
         seeds_np = np.ascontiguousarray(seeds.numpy())
         self._tasks[worker].put((generation, index, seeds_np, rng_seed, slot_id, slot))
         self._in_flight_per[worker] += 1

@@ -2,7 +2,7 @@
 live on the device, and how a batch's input rows are split between the cache and host memory.
 
 Cache. Every ``period`` epochs ``M = fraction·N`` nodes are drawn *with replacement* from a
-distribution ``p`` and de-duplicated (GNS's ``new_sample.py``), so node ``u`` is cached with the
+distribution ``p`` and de-duplicated (the GNS paper's cache draw), so node ``u`` is cached with the
 known probability ``π_u = 1 - (1 - p_u)^M``. ``p`` is the in-degree (eq. 14) when most nodes are
 training nodes (train fraction >= ``DEGREE_RULE_MIN_TRAIN_FRACTION``), else the mass of short
 random walks from the training set (eq. 15-16). ``GNSSampler`` (``sampling/gns.py``) samples the

@@ -16,9 +16,14 @@ import torch
 _local = threading.local()
 
 
+def derived_seed(seed: int, key: int) -> int:
+    """The seed of the stream ``key`` (an epoch, a rank) of a run seeded with ``seed``."""
+    return int(seed) * 1_000_003 + int(key)
+
+
 def epoch_seed(seed: int, epoch: int) -> int:
     """The seed of ``epoch``'s per-epoch draws (the training-set permutation, the cache draw)."""
-    return int(seed) * 1_000_003 + int(epoch)
+    return derived_seed(seed, epoch)
 
 
 def batch_rng_seed(seed: int, epoch: int, index: int) -> int:

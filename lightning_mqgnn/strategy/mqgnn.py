@@ -189,6 +189,7 @@ class MQGNNStrategy(DDPStrategy):
         self._reducer = None
         super().teardown()
 
+    @override
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state["_reducer"] = None

@@ -7,6 +7,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import textwrap
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -18,6 +19,7 @@ from lightning_mqgnn._private_api import PRIVATE_APIS
 ROOT = Path(lightning_mqgnn.__file__).parent
 LIGHTNING_MODULE_NAMES = ("model", "module", "pl_module", "lightning_module")
 LIGHTNING_BASES = (pl.Callback, pl.LightningModule, pl.LightningDataModule, Strategy)
+LIGHTNING_MODULE = "lightning.pytorch.core.module.LightningModule"
 
 
 def package_modules():
@@ -35,9 +37,9 @@ def test_every_overridden_lightning_hook_says_override():
             if cls.__module__ != module.__name__ or not issubclass(cls, LIGHTNING_BASES):
                 continue
             for name, attr in vars(cls).items():
-                if name.startswith("__") or not callable(getattr(attr, "__func__", attr)):
+                if name in ("__init__", "__init_subclass__") or not callable(getattr(attr, "__func__", attr)):
                     continue
-                if any(name in vars(base) for base in cls.__mro__[1:]):
+                if any(name in vars(base) for base in cls.__mro__[1:] if base is not object):
                     checked += 1
                     if not getattr(getattr(attr, "__func__", attr), "__override__", False):
                         missing.append(f"{cls.__module__}.{cls.__qualname__}.{name}")
@@ -77,7 +79,14 @@ def private_uses() -> set[str]:
                 and isinstance(node.args[1], ast.Constant)
                 and str(node.args[1].value).startswith("_")
             ):
-                found.add(f"lightning.pytorch.LightningModule.{node.args[1].value}")
+                found.add(f"{LIGHTNING_MODULE}.{node.args[1].value}")
+            if (  # model._trainer: the same, read directly
+                isinstance(node, ast.Attribute)
+                and getattr(node.value, "id", None) in LIGHTNING_MODULE_NAMES
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                found.add(f"{LIGHTNING_MODULE}.{node.attr}")
             if (
                 isinstance(node, ast.Attribute)
                 and node.attr.startswith("_")
@@ -89,6 +98,49 @@ def private_uses() -> set[str]:
                     value = value.value
                 if isinstance(value, ast.Name) and value.id in aliases:
                     found.add(".".join([aliases[value.id], *reversed(chain)]))
+    return found | inherited_private_uses()
+
+
+def names_defined_here() -> set[str]:
+    """Every attribute the package itself assigns (``self._x = ...``) or defines in a class body."""
+    names = set()
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                        names.add(item.name)
+                    elif isinstance(item, ast.Assign | ast.AnnAssign):
+                        targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                        names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def inherited_private_uses() -> set[str]:
+    """``module.Base._x`` for every private attribute that a package class deriving from a
+    Lightning class reads through ``self`` without defining it: it belongs to ``Base``."""
+    ours, found = names_defined_here(), set()
+    for module in package_modules():
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__ or not issubclass(cls, LIGHTNING_BASES):
+                continue
+            for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls)))):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and getattr(node.value, "id", None) == "self"
+                    and node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                    and node.attr not in ours
+                ):
+                    owner = next(
+                        base
+                        for base in cls.__mro__[1:]
+                        if is_external(base.__module__)
+                        and (node.attr in vars(base) or f"self.{node.attr}" in inspect.getsource(base))
+                    )
+                    found.add(f"{owner.__module__}.{owner.__qualname__}.{node.attr}")
     return found
 
 
