@@ -23,11 +23,12 @@ from omegaconf.errors import OmegaConfBaseException
 from lightning_mqgnn.callbacks import (
     BatchEarlyStopping,
     BatchTimer,
+    CommStatsMonitor,
     GPUBusyMonitor,
     PeakMemoryMonitor,
     StageTimingCallback,
 )
-from lightning_mqgnn.strategy import CommStatsMonitor, MQGNNStrategy  # also registers "mqgnn"
+from lightning_mqgnn.strategy import MQGNNStrategy  # also registers "mqgnn"
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"

@@ -1,9 +1,10 @@
 """Lightning callbacks of the paper's protocol: batch-level early stopping, batch and stage
-timing on one clock, the GPU busy fraction and every rank's peak memory. (``CommStatsMonitor``, which reads the MQ-GNN
-strategy's communication counters, lives with the strategy.)"""
+timing on one clock, the GPU busy fraction, every rank's peak memory and the MQ-GNN strategy's
+communication counters."""
 
 from lightning_mqgnn.callbacks.batch_timer import BatchTimer
 from lightning_mqgnn.callbacks.clock import TrainingClock, trimmed, trimmed_mean
+from lightning_mqgnn.callbacks.comm_stats import CommStatsMonitor
 from lightning_mqgnn.callbacks.early_stopping import BatchEarlyStopping
 from lightning_mqgnn.callbacks.gpu_busy import GPUBusyMonitor
 from lightning_mqgnn.callbacks.peak_memory import PeakMemoryMonitor
@@ -12,6 +13,7 @@ from lightning_mqgnn.callbacks.stage_timing import StageTimingCallback
 __all__ = [
     "BatchEarlyStopping",
     "BatchTimer",
+    "CommStatsMonitor",
     "GPUBusyMonitor",
     "PeakMemoryMonitor",
     "StageTimingCallback",

@@ -4,7 +4,6 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_mqgnn.strategy.comm import CommStats
 from lightning_mqgnn.strategy.mqgnn import CHECKPOINT_KEY, MQGNNStrategy
-from lightning_mqgnn.strategy.stats_monitor import CommStatsMonitor
 from lightning_mqgnn.strategy.sync_period import (
     DEFAULT_SYNC_SCALE,
     FALLBACK_SYNC_PERIOD,
@@ -26,7 +25,6 @@ __all__ = [
     "DEFAULT_SYNC_SCALE",
     "FALLBACK_SYNC_PERIOD",
     "CommStats",
-    "CommStatsMonitor",
     "GraphSize",
     "MQGNNStrategy",
     "graph_size_from_datamodule",

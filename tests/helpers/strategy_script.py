@@ -18,7 +18,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_mqgnn.strategy  # noqa: F401  (registers "mqgnn" / "mqgnn_spawn")
-from lightning_mqgnn.strategy import CommStatsMonitor, MQGNNStrategy
+from lightning_mqgnn.callbacks import CommStatsMonitor
+from lightning_mqgnn.strategy import MQGNNStrategy
 
 
 class Regressor(pl.LightningModule):

@@ -353,7 +353,7 @@ def test_strategy_configs_instantiate(name):
 def test_comm_stats_are_logged_on_the_loggers_steps_and_at_each_epochs_last_batch():
     from types import SimpleNamespace
 
-    from lightning_mqgnn.strategy import CommStatsMonitor
+    from lightning_mqgnn.callbacks import CommStatsMonitor
 
     logged: list[int] = []
     stats = SimpleNamespace(as_dict=lambda: {"steps": 1.0})

@@ -1,4 +1,5 @@
-"""Callback that logs MQGNNStrategy's communication counters through the LightningModule's logger."""
+"""Callback that logs a strategy's communication counters (``MQGNNStrategy.comm_stats``) through
+the LightningModule's logger."""
 
 from __future__ import annotations
 
