@@ -41,14 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_mqgnn.pipeline.device_queue import (
-    DeviceQueue,
-    ProducerStopped,
-    QueuedLoader,
-    hand_over_batch,
-    request_batch,
-    wait_for_entry,
-)
+from lightning_mqgnn.pipeline.device_queue import DeviceQueue, QueuedLoader, await_entry, hand_over_batch
 from lightning_mqgnn.pipeline.gather import gather
 from lightning_mqgnn.pipeline.placement import Placement, decide_placement, free_device_memory
 from lightning_mqgnn.pipeline.plan import EpochPlan
@@ -257,12 +250,9 @@ class _DeviceEpoch:
         if self.thread is None:
             self._start()
         loader = self.loader
-        request = request_batch(loader, self.queue, self._last_return)
-        try:
-            kind, payload = wait_for_entry(self.queue, self.thread, "device sampler")
-        except ProducerStopped:
-            self.stop()
-            raise
+        request, kind, payload = await_entry(
+            loader, self.queue, self.thread, "device sampler", self._last_return, self.stop
+        )
         if kind == "end":
             self.stop()
             raise StopIteration

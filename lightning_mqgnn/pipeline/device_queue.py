@@ -158,3 +158,22 @@ def hand_over_batch(loader: Any, queue: DeviceQueue, payload: Any, request: Batc
     if request.compute_s is not None:
         batch.meta["prev_compute_s"] = request.compute_s
     return batch
+
+
+def await_entry(
+    loader: Any,
+    queue: DeviceQueue,
+    producer: threading.Thread,
+    what: str,
+    last_return: float | None,
+    stop: Callable[[], None],
+) -> tuple[BatchRequest, str, Any]:
+    """The training thread's request (``request_batch``) and the queue's next ``(kind, payload)``
+    (``wait_for_entry``); ``stop()`` ends the epoch before a ``ProducerStopped`` goes up."""
+    request = request_batch(loader, queue, last_return)
+    try:
+        kind, payload = wait_for_entry(queue, producer, what)
+    except ProducerStopped:
+        stop()
+        raise
+    return request, kind, payload

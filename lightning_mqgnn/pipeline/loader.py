@@ -39,14 +39,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from lightning_mqgnn.pipeline.device_queue import (
-    DeviceQueue,
-    ProducerStopped,
-    QueuedLoader,
-    hand_over_batch,
-    request_batch,
-    wait_for_entry,
-)
+from lightning_mqgnn.pipeline.device_queue import DeviceQueue, QueuedLoader, await_entry, hand_over_batch
 from lightning_mqgnn.pipeline.plan import EpochPlan
 from lightning_mqgnn.pipeline.produce import sample_batch
 from lightning_mqgnn.pipeline.producer_choice import ProducerChoice
@@ -347,13 +340,9 @@ class _EpochRun:
             self._start()
         if self.producer == "trainer":
             return self._produce_here()
-        request = request_batch(loader, self.queue, self._last_return)
-        try:
-            kind, payload = wait_for_entry(self.queue, self._thread, "mini-batch transfer")
-        except ProducerStopped:
-            self.stop()
-            raise
-
+        request, kind, payload = await_entry(
+            loader, self.queue, self._thread, "mini-batch transfer", self._last_return, self.stop
+        )
         if kind == "end":
             self.done = True
             self._restore_threads()
