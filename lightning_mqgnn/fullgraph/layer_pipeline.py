@@ -1,6 +1,12 @@
 """GNNPipe's layer pipeline on one rank: this rank's stage computes its consecutive convolutions
 for every chunk of its way's partition, receiving each chunk's input rows from the previous stage
-and sending its output rows to the next.
+and sending its output rows to the next. Both directions carry non-zero entries only
+(``nonzeros``): the rows go as a bitmap and their non-zero values, lossless; the gradients come
+back for the entries the bitmap marks, since a stage's output is ReLU then dropout and an entry
+sent as zero passes no gradient back. With ``recompute`` the gradient is applied to the
+recomputed output, whose entries differ from the sent ones where a history row was refreshed in
+between (below); an entry that ReLU zeroed in the forward and not in the recomputation then gets
+no gradient instead of the gradient at its sent value, 0.
 
 Schedule (one optimizer step per epoch, so weights are never stale): all chunks forward in an
 order shared by every rank, then all chunks backward in the reverse order (GPipe's
@@ -42,6 +48,7 @@ from torch import Tensor
 from lightning_mqgnn.fullgraph.batch import PartitionBatch
 from lightning_mqgnn.fullgraph.chunks import Chunk, HistorySlots, chunk_partition, history_slots
 from lightning_mqgnn.fullgraph.layout import PipelineLayout
+from lightning_mqgnn.fullgraph.nonzeros import bitmap_bytes, nonzero_mask, pack_nonzeros, unpack_nonzeros
 from lightning_mqgnn.fullgraph.stacks import Stack
 from lightning_mqgnn.fullgraph.transport import Transport
 from lightning_mqgnn.models.metrics import node_loss
@@ -76,6 +83,7 @@ class _ChunkRun:
     ext: dict[int, Tensor]  # history rows read per layer, leaves whose .grad is kept
     rng: tuple[Tensor, Tensor | None]  # RNG state before the forward, for the recomputation
     loss: Tensor | None = None  # last stage, without recompute
+    sent: Tensor | None = None  # the bitmap of the output rows sent on: which gradients come back
 
 
 class LayerPipeline:
@@ -180,7 +188,7 @@ class LayerPipeline:
             x_in = (
                 None
                 if self.first
-                else self._recv(FORWARD, self.stage - 1, chunk.num_rows, self.widths[self.layers[0]])
+                else self._recv_rows(FORWARD, self.stage - 1, chunk.num_rows, self.widths[self.layers[0]])
             )
             rng = _rng_state(self._device)
             run = _ChunkRun(c, x_in, None, {}, rng)
@@ -197,7 +205,7 @@ class LayerPipeline:
                 run.loss = None if self.recompute else loss
                 total = total + loss.detach()
             else:
-                self._send(FORWARD, self.stage + 1, out.detach())
+                run.sent = self._send_rows(FORWARD, self.stage + 1, out)
             self._runs.append(run)
         self._wait_sends()
         if self.halo_link is not None:
@@ -224,7 +232,8 @@ class LayerPipeline:
                 assert loss is not None
                 loss.backward()
             else:
-                grad = self._recv(BACKWARD, self.stage + 1, chunk.num_rows, out.shape[1])
+                assert run.sent is not None
+                grad = self._recv_grads(self.stage + 1, run.sent, chunk.num_rows, out.shape[1])
                 out.backward(grad)
             slots = self.slots[run.chunk]
             for layer, ext in run.ext.items():
@@ -232,7 +241,7 @@ class LayerPipeline:
                     self.grad_history[layer].index_add_(0, slots.ext_slots, ext.grad)
             if not self.first:
                 assert run.x_in is not None and run.x_in.grad is not None
-                self._send(BACKWARD, self.stage - 1, run.x_in.grad)
+                self._send_grads(self.stage - 1, run.x_in.grad, run.x_in)
             run.out = run.loss = None
             run.ext = {}
         self._runs = []
@@ -253,7 +262,7 @@ class LayerPipeline:
             h0, h = src[:n], src[:n]
         else:
             h0 = stack.embed(batch.features[:n])
-            h = self._recv(kind, self.stage - 1, n, self.widths[self.layers[0]])
+            h = self._recv_rows(kind, self.stage - 1, n, self.widths[self.layers[0]])
         for layer in self.layers:
             if layer > 0:
                 halo = self._exact_halo(h, training)
@@ -264,7 +273,7 @@ class LayerPipeline:
             h = stack.conv(layer, block, src, h0)
         if self.last:
             return stack.head(h)
-        self._send(kind, self.stage + 1, h, count=training)
+        self._send_rows(kind, self.stage + 1, h, count=training)
         self._wait_sends()
         return None
 
@@ -373,25 +382,62 @@ class LayerPipeline:
         self._tags[key] = count + 1
         return (kind << TAG_BITS) | (count % (1 << TAG_BITS))
 
-    def _send(self, kind: int, stage: int, rows: Tensor, count: bool = True) -> None:
-        """Send ``rows`` to ``stage`` of this way on the communication thread."""
-        payload = rows.detach().to("cpu", torch.float32).contiguous()
-        if count and kind in (FORWARD, BACKWARD):
-            self.bytes_sent += payload.numel() * payload.element_size()
-        sends = [torch.empty(0)] * self.layout.stages
-        sends[stage] = payload
-        recvs = [torch.empty(0)] * self.layout.stages
-        tag, link = self._tag(kind, "send"), self.link
-        self._sends.append(self._submit(lambda: link.exchange(sends, recvs, tag)))
+    def _send_rows(self, kind: int, stage: int, rows: Tensor, count: bool = True) -> Tensor:
+        """Send activation ``rows`` to ``stage`` of this way as their non-zero entries (``nonzeros``:
+        a bitmap message, then the values); returns the bitmap, which says which gradient entries
+        will come back."""
+        packed = pack_nonzeros(rows.detach().to("cpu", torch.float32).contiguous())
+        self._post(kind, stage, [packed.bitmap, packed.values], count)
+        return packed.bitmap
 
-    def _recv(self, kind: int, stage: int, rows: int, width: int) -> Tensor:
-        recvs = [torch.empty(0)] * self.layout.stages
-        recvs[stage] = torch.empty(rows, width)
-        sends = [torch.empty(0)] * self.layout.stages
+    def _send_grads(self, stage: int, grads: Tensor, rows: Tensor) -> None:
+        """Send the gradients with respect to the received ``rows`` back to ``stage``, for their
+        non-zero entries only: a stage's output is ReLU then dropout, so an entry it sent as zero
+        passes no gradient back, and the sender knows which entries it sent (its bitmap)."""
+        self._post(BACKWARD, stage, [grads.detach()[rows.detach() != 0].to("cpu", torch.float32)], True)
+
+    def _post(self, kind: int, stage: int, messages: list[Tensor], count: bool) -> None:
+        """Send ``messages`` to ``stage`` in order, on the communication thread."""
+        if count and kind in (FORWARD, BACKWARD):
+            self.bytes_sent += sum(m.numel() * m.element_size() for m in messages)
+        tags, link = [self._tag(kind, "send") for _ in messages], self.link
+
+        def send_all() -> None:
+            for message, tag in zip(messages, tags):
+                link.exchange(self._to_stage(stage, message), self._to_stage(stage), tag)
+
+        self._sends.append(self._submit(send_all))
+
+    def _recv_rows(self, kind: int, stage: int, rows: int, width: int) -> Tensor:
+        """Activation rows from ``stage`` (``_send_rows``'s bitmap, then values)."""
         start = time.perf_counter()
-        self.link.exchange(sends, recvs, self._tag(kind, "recv"))
+        bitmap = self._recv_message(kind, stage, torch.empty(bitmap_bytes(rows * width), dtype=torch.uint8))
+        out = self._recv_under(kind, stage, nonzero_mask(bitmap, rows * width), (rows, width))
         self.wait_s += time.perf_counter() - start
-        return recvs[stage].to(self._device)
+        return out.to(self._device)
+
+    def _recv_grads(self, stage: int, bitmap: Tensor, rows: int, width: int) -> Tensor:
+        """The gradients ``stage`` returns for the rows this stage sent with ``bitmap``."""
+        start = time.perf_counter()
+        out = self._recv_under(BACKWARD, stage, nonzero_mask(bitmap, rows * width), (rows, width))
+        self.wait_s += time.perf_counter() - start
+        return out.to(self._device)
+
+    def _recv_under(self, kind: int, stage: int, mask: Tensor, shape: tuple[int, int]) -> Tensor:
+        values = self._recv_message(kind, stage, torch.empty(int(mask.sum())))
+        return unpack_nonzeros(mask, values, shape)
+
+    def _recv_message(self, kind: int, stage: int, buffer: Tensor) -> Tensor:
+        """Receive one message from ``stage`` into ``buffer`` (sized by the caller)."""
+        self.link.exchange(self._to_stage(stage), self._to_stage(stage, buffer), self._tag(kind, "recv"))
+        return buffer
+
+    def _to_stage(self, stage: int, tensor: Tensor | None = None) -> list[Tensor]:
+        """A message list of the stage link: ``tensor`` for ``stage``, nothing for the others."""
+        out = [torch.empty(0)] * self.layout.stages
+        if tensor is not None:
+            out[stage] = tensor
+        return out
 
     def _submit(self, job) -> Future:
         if self._executor is None:
