@@ -179,16 +179,16 @@ def main(argv: list[str] | None = None) -> int:
                 base, single = runs.get(("graph_parallel", depth)), runs.get(("single", depth))
                 for mode in modes:
                     r = runs[(mode, depth)]
-                    fewer = (
-                        base["bytes_per_epoch"] / r["bytes_per_epoch"]
+                    fewer = (  # one process sends nothing: no ratio
+                        f"{base['bytes_per_epoch'] / r['bytes_per_epoch']:.2f}"
                         if base and r["bytes_per_epoch"]
-                        else float("nan")
+                        else "–"
                     )
                     memory = r["train_mb"] / base["train_mb"] if base and base["train_mb"] else float("nan")
                     delta = 100 * (r["test"] - single["test"]) if single else float("nan")
                     stale = f"{r['stale_fraction']:.2f}" if r.get("stale_fraction") is not None else ""
                     rows.append(
-                        f"| {name} | {depth} | {mode} | {r['bytes_per_epoch']:,.0f} | {fewer:.2f} | "
+                        f"| {name} | {depth} | {mode} | {r['bytes_per_epoch']:,.0f} | {fewer} | "
                         f"{r['epoch_ms']:.0f} | {r['train_mb']:.0f} | {memory:.2f} | {r['test']:.4f} | "
                         f"{delta:+.2f} | {stale} |"
                     )
