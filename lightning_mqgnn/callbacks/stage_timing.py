@@ -26,8 +26,9 @@ class StageTimingCallback(pl.Callback):
     """Record and log every training batch's stage times; ``summary`` holds the end-of-fit digest.
 
     ``batch_s`` runs from the previous batch's end (so waiting for data counts) to this one's.
-    Every batch is recorded; only every Trainer ``log_every_n_steps``-th goes to the logger, and nothing without one: ``log_dict`` has a cost per key in the training thread,
-    which on a pipeline bound by compute is lost throughput.
+    Every batch is recorded; only every Trainer ``log_every_n_steps``-th goes to the logger, and
+    nothing without one: ``log_dict`` has a cost per key in the training thread, which on a
+    pipeline bound by compute is lost throughput.
 
     On CUDA every reading waits for the current stream (not the side stream) so forward/backward
     times are real, at the cost of a stall per reading; ``cuda_sync=False`` synchronises only at

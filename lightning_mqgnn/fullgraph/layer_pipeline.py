@@ -233,7 +233,7 @@ class LayerPipeline:
                 loss.backward()
             else:
                 assert run.sent is not None
-                grad = self._recv_grads(self.stage + 1, run.sent, chunk.num_rows, out.shape[1])
+                grad = self._recv_values(BACKWARD, self.stage + 1, run.sent, chunk.num_rows, out.shape[1])
                 out.backward(grad)
             slots = self.slots[run.chunk]
             for layer, ext in run.ext.items():
@@ -412,20 +412,18 @@ class LayerPipeline:
         """Activation rows from ``stage`` (``_send_rows``'s bitmap, then values)."""
         start = time.perf_counter()
         bitmap = self._recv_message(kind, stage, torch.empty(bitmap_bytes(rows * width), dtype=torch.uint8))
-        out = self._recv_under(kind, stage, nonzero_mask(bitmap, rows * width), (rows, width))
         self.wait_s += time.perf_counter() - start
-        return out.to(self._device)
+        return self._recv_values(kind, stage, bitmap, rows, width)
 
-    def _recv_grads(self, stage: int, bitmap: Tensor, rows: int, width: int) -> Tensor:
-        """The gradients ``stage`` returns for the rows this stage sent with ``bitmap``."""
+    def _recv_values(self, kind: int, stage: int, bitmap: Tensor, rows: int, width: int) -> Tensor:
+        """The ``rows x width`` tensor whose entries ``bitmap`` marks come from ``stage`` (the
+        rest are zero): the values of received activation rows, or the gradients returned for the
+        rows this stage sent with ``bitmap``."""
         start = time.perf_counter()
-        out = self._recv_under(BACKWARD, stage, nonzero_mask(bitmap, rows * width), (rows, width))
-        self.wait_s += time.perf_counter() - start
-        return out.to(self._device)
-
-    def _recv_under(self, kind: int, stage: int, mask: Tensor, shape: tuple[int, int]) -> Tensor:
+        mask = nonzero_mask(bitmap, rows * width)
         values = self._recv_message(kind, stage, torch.empty(int(mask.sum())))
-        return unpack_nonzeros(mask, values, shape)
+        self.wait_s += time.perf_counter() - start
+        return unpack_nonzeros(mask, values, (rows, width)).to(self._device)
 
     def _recv_message(self, kind: int, stage: int, buffer: Tensor) -> Tensor:
         """Receive one message from ``stage`` into ``buffer`` (sized by the caller)."""

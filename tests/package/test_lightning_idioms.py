@@ -30,19 +30,24 @@ def package_modules():
             continue
 
 
-def test_every_overridden_lightning_hook_says_override():
-    missing, checked = [], 0
+def lightning_classes():
+    """Every class the package defines on a Lightning base (callback, module, DataModule, strategy)."""
     for module in package_modules():
         for _, cls in inspect.getmembers(module, inspect.isclass):
-            if cls.__module__ != module.__name__ or not issubclass(cls, LIGHTNING_BASES):
+            if cls.__module__ == module.__name__ and issubclass(cls, LIGHTNING_BASES):
+                yield cls
+
+
+def test_every_overridden_lightning_hook_says_override():
+    missing, checked = [], 0
+    for cls in lightning_classes():
+        for name, attr in vars(cls).items():
+            if name in ("__init__", "__init_subclass__") or not callable(getattr(attr, "__func__", attr)):
                 continue
-            for name, attr in vars(cls).items():
-                if name in ("__init__", "__init_subclass__") or not callable(getattr(attr, "__func__", attr)):
-                    continue
-                if any(name in vars(base) for base in cls.__mro__[1:] if base is not object):
-                    checked += 1
-                    if not getattr(getattr(attr, "__func__", attr), "__override__", False):
-                        missing.append(f"{cls.__module__}.{cls.__qualname__}.{name}")
+            if any(name in vars(base) for base in cls.__mro__[1:] if base is not object):
+                checked += 1
+                if not getattr(getattr(attr, "__func__", attr), "__override__", False):
+                    missing.append(f"{cls.__module__}.{cls.__qualname__}.{name}")
     assert checked > 30
     assert missing == [], f"hooks without @override: {missing}"
 
@@ -122,25 +127,22 @@ def inherited_private_uses() -> set[str]:
     """``module.Base._x`` for every private attribute that a package class deriving from a
     Lightning class reads through ``self`` without defining it: it belongs to ``Base``."""
     ours, found = names_defined_here(), set()
-    for module in package_modules():
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if cls.__module__ != module.__name__ or not issubclass(cls, LIGHTNING_BASES):
-                continue
-            for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls)))):
-                if (
-                    isinstance(node, ast.Attribute)
-                    and getattr(node.value, "id", None) == "self"
-                    and node.attr.startswith("_")
-                    and not node.attr.startswith("__")
-                    and node.attr not in ours
-                ):
-                    owner = next(
-                        base
-                        for base in cls.__mro__[1:]
-                        if is_external(base.__module__)
-                        and (node.attr in vars(base) or f"self.{node.attr}" in inspect.getsource(base))
-                    )
-                    found.add(f"{owner.__module__}.{owner.__qualname__}.{node.attr}")
+    for cls in lightning_classes():
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls)))):
+            if (
+                isinstance(node, ast.Attribute)
+                and getattr(node.value, "id", None) == "self"
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and node.attr not in ours
+            ):
+                owner = next(
+                    base
+                    for base in cls.__mro__[1:]
+                    if is_external(base.__module__)
+                    and (node.attr in vars(base) or f"self.{node.attr}" in inspect.getsource(base))
+                )
+                found.add(f"{owner.__module__}.{owner.__qualname__}.{node.attr}")
     return found
 
 
