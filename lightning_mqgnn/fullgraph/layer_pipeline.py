@@ -32,7 +32,9 @@ forward (values) and after the backward (gradients, added in the next epoch's ba
 rows and their gradients are one epoch old, as in PipeGCN.
 
 Before the first training epoch an exact forward fills the history (no stale start from zeros).
-Evaluation runs the exact forward over the whole partition, stage by stage.
+Evaluation runs the exact forward over the whole partition, stage by stage; within a stage each
+layer runs chunk by chunk, and the rows go to the next stage chunk by chunk, so that beside the
+partition's input and output rows only one chunk's intermediates and messages are alive.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from torch import Tensor
 
 from lightning_mqgnn.fullgraph.batch import PartitionBatch
 from lightning_mqgnn.fullgraph.chunks import Chunk, HistorySlots, chunk_partition, history_slots
+from lightning_mqgnn.fullgraph.history import read_history, take_arrived_gradients
 from lightning_mqgnn.fullgraph.layout import PipelineLayout
 from lightning_mqgnn.fullgraph.nonzeros import bitmap_bytes, nonzero_mask, pack_nonzeros, unpack_nonzeros
 from lightning_mqgnn.fullgraph.stacks import Stack
@@ -80,7 +83,6 @@ class _ChunkRun:
     chunk: int
     x_in: Tensor | None  # the received input rows (stages after the first)
     out: Tensor | None  # the stage's output rows, with the autograd graph (without recompute)
-    ext: dict[int, Tensor]  # history rows read per layer, leaves whose .grad is kept
     rng: tuple[Tensor, Tensor | None]  # RNG state before the forward, for the recomputation
     loss: Tensor | None = None  # last stage, without recompute
     sent: Tensor | None = None  # the bitmap of the output rows sent on: which gradients come back
@@ -191,7 +193,7 @@ class LayerPipeline:
                 else self._recv_rows(FORWARD, self.stage - 1, chunk.num_rows, self.widths[self.layers[0]])
             )
             rng = _rng_state(self._device)
-            run = _ChunkRun(c, x_in, None, {}, rng)
+            run = _ChunkRun(c, x_in, None, rng)
             if self.recompute:
                 with torch.no_grad():
                     out = self._chunk_forward(stack, batch, run, record=True)
@@ -217,7 +219,8 @@ class LayerPipeline:
         ``grad_history`` holds the gradients that arrived too late last epoch (and, in the hybrid,
         those peers returned for the halo rows they read); each chunk's hook takes its rows'."""
         self._add_remote_grads()
-        for run in reversed(self._runs):
+        while self._runs:  # reverse order; each run is dropped as soon as its backward is done
+            run = self._runs.pop()
             chunk = self.chunks[run.chunk]
             if self.recompute:
                 if run.x_in is not None:
@@ -235,16 +238,9 @@ class LayerPipeline:
                 assert run.sent is not None
                 grad = self._recv_values(BACKWARD, self.stage + 1, run.sent, chunk.num_rows, out.shape[1])
                 out.backward(grad)
-            slots = self.slots[run.chunk]
-            for layer, ext in run.ext.items():
-                if ext.grad is not None:
-                    self.grad_history[layer].index_add_(0, slots.ext_slots, ext.grad)
             if not self.first:
                 assert run.x_in is not None and run.x_in.grad is not None
                 self._send_grads(self.stage - 1, run.x_in.grad, run.x_in)
-            run.out = run.loss = None
-            run.ext = {}
-        self._runs = []
         self._wait_sends()
         if self.halo_link is not None:
             self._start_grad_return()
@@ -254,7 +250,7 @@ class LayerPipeline:
         """The exact forward of the whole partition, stage after stage; the logits of the inner
         rows on the last stage, None elsewhere. ``training``: fill the history (the warm-up)."""
         self._to_device(batch.features.device)
-        block, n = self.part.block, self.num_inner
+        n = self.num_inner
         kind = FORWARD if training else EVAL
         src = None
         if self.first:
@@ -262,20 +258,35 @@ class LayerPipeline:
             h0, h = src[:n], src[:n]
         else:
             h0 = stack.embed(batch.features[:n])
-            h = self._recv_rows(kind, self.stage - 1, n, self.widths[self.layers[0]])
+            h = h0.new_empty(n, self.widths[self.layers[0]])
+            for chunk in self.chunks:
+                h[chunk.rows] = self._recv_rows(kind, self.stage - 1, chunk.num_rows, h.shape[1])
         for layer in self.layers:
             if layer > 0:
                 halo = self._exact_halo(h, training)
-                src = torch.cat([h, halo])
+                src = torch.cat([h, halo]) if halo.numel() else h
                 if training:
-                    self.history[layer].copy_(src[self.kept])
+                    torch.index_select(src, 0, self.kept, out=self.history[layer])
                     self.written[layer].fill_(self.epoch)
-            h = stack.conv(layer, block, src, h0)
+            h = self._conv_by_chunks(stack, layer, src, h0)
         if self.last:
             return stack.head(h)
-        self._send_rows(kind, self.stage + 1, h, count=training)
+        for chunk in self.chunks:
+            self._send_rows(kind, self.stage + 1, h[chunk.rows], count=training)
         self._wait_sends()
         return None
+
+    def _conv_by_chunks(self, stack: Stack, layer: int, src: Tensor, h0: Tensor) -> Tensor:
+        """Convolution ``layer`` of every inner row from the local rows ``src``, one chunk at a
+        time (the layer's intermediates are then one chunk's, not the partition's)."""
+        out = None
+        for chunk in self.chunks:
+            rows = stack.conv(layer, chunk.block, src[chunk.source_rows()], h0[chunk.rows])
+            if out is None:
+                out = rows.new_empty(self.num_inner, rows.shape[1])
+            out[chunk.rows] = rows
+        assert out is not None
+        return out
 
     def close(self) -> None:
         """Finish the messages in flight (peers wait for them) and stop the thread."""
@@ -299,11 +310,9 @@ class LayerPipeline:
                 if record:
                     self._write(layer, slots.write_slots, h.detach()[slots.write_pos])
                     self._count_reads(layer, slots)
-                ext = self.history[layer][slots.ext_slots]
-                if torch.is_grad_enabled():  # a leaf whose gradient goes to grad_history
-                    run.ext[layer] = ext.requires_grad_(True)
+                ext = read_history(self.history[layer], self.grad_history[layer], slots.ext_slots)
                 if h.requires_grad and slots.write_pos.numel():
-                    h.register_hook(_add_rows(self.grad_history[layer], slots))
+                    h.register_hook(take_arrived_gradients(self.grad_history[layer], slots))
                 src = torch.cat([h, ext])
             h = stack.conv(layer, block, src, h0)
         return h
@@ -521,18 +530,6 @@ class LayerPipeline:
             returned = self._result(future)
             if returned.numel():
                 self.grad_history[layer].index_add_(0, self.send_slots, returned)
-
-
-def _add_rows(buffer: Tensor, slots: HistorySlots):
-    """A gradient hook taking the chunk's rows of ``buffer`` when the gradient arrives: adds them
-    and zeroes them, so what arrives later waits for the next epoch."""
-
-    def hook(grad: Tensor) -> Tensor:
-        arrived = buffer[slots.write_slots]
-        buffer[slots.write_slots] = 0.0
-        return grad.index_add(0, slots.write_pos, arrived)
-
-    return hook
 
 
 def _rng_devices(device: torch.device) -> list:

@@ -50,5 +50,5 @@ def nonzero_mask(bitmap: Tensor, numel: int) -> Tensor:
 def unpack_nonzeros(mask: Tensor, values: Tensor, shape: tuple[int, ...]) -> Tensor:
     """The float32 rows of ``shape`` whose entries under ``mask`` are ``values``, zero elsewhere."""
     flat = torch.zeros(mask.numel(), dtype=torch.float32)
-    flat[mask] = values
+    flat.masked_scatter_(mask, values)  # unlike flat[mask] = values, no index per entry
     return flat.view(shape)

@@ -106,11 +106,16 @@ def test_one_chunk_per_stage_trains_like_one_process(recompute, tmp_path):
         assert max(rank["bytes"][1:]) < 2 * 3 * 240 * 16 * 4  # fewer than dense rows and gradients
 
 
-def test_hybrid_first_forward_is_exact(tmp_path):
-    """2 ways x 2 stages, one chunk: the warm-up fills the halo history exactly, so the first
-    epoch's loss is the single-process loss; later ones use one-epoch-old halo rows and gradients."""
+@pytest.mark.parametrize(("stages", "chunks"), [(2, 1), (4, 4)])
+def test_first_forward_is_exact(stages, chunks, tmp_path):
+    """The warm-up's exact forward (chunk by chunk) fills the history exactly, so the first
+    epoch's loss is the single-process loss; later ones read rows one epoch old: the halo rows of
+    the hybrid (2 ways x 2 stages), other chunks' rows of 4 stages with 4 chunks each."""
     _, got = fit(
-        GNNPipeStrategy(stages=2, num_chunks=1, start_method="fork"), 2, tmp_path, limit_val_batches=0
+        GNNPipeStrategy(stages=stages, num_chunks=chunks, start_method="fork"),
+        2,
+        tmp_path,
+        limit_val_batches=0,
     )
     losses, _, _ = reference_run(2)
     assert got[0]["losses"][0] == pytest.approx(losses[0], rel=1e-5)

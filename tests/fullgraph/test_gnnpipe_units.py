@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from lightning_mqgnn.fullgraph import PartitionBook, PipelineLayout, chunk_partition
-from lightning_mqgnn.fullgraph.chunks import inner_graph
+from lightning_mqgnn.fullgraph.chunks import HistorySlots, inner_graph
+from lightning_mqgnn.fullgraph.history import read_history, take_arrived_gradients
 from lightning_mqgnn.models.gcnii import GCNIILayer, identity_mapping_strength
 
 
@@ -55,6 +56,34 @@ def test_chunk_blocks_aggregate_like_the_partition(parts, method):
         cut = sum(int(c.ext.numel()) for c in chunks)
         random_cut = sum(int(c.ext.numel()) for c in chunk_partition(part, 5, "random", seed=1))
         assert cut < random_cut
+
+
+def test_history_reads_send_their_gradients_to_the_gradient_history():
+    history, grad_history = torch.randn(5, 3), torch.zeros(5, 3)
+    slots = torch.tensor([4, 1, 4])
+    rows = read_history(history, grad_history, slots)
+    assert torch.equal(rows, history[slots])
+    upstream = torch.randn(3, 3)
+    (rows * upstream).sum().backward()
+    assert torch.equal(grad_history, torch.zeros(5, 3).index_add_(0, slots, upstream))
+    with torch.no_grad():
+        assert not read_history(history, grad_history, slots).requires_grad
+
+
+def test_a_chunk_takes_the_gradients_its_rows_received_once():
+    grad_history = torch.arange(12.0).reshape(4, 3)
+    slots = HistorySlots(
+        ext_slots=torch.tensor([0]), write_pos=torch.tensor([2, 0]), write_slots=torch.tensor([3, 1])
+    )
+    h = torch.zeros(3, 3, requires_grad=True)
+    h.register_hook(take_arrived_gradients(grad_history, slots))
+    h.sum().backward()
+    expected = torch.ones(3, 3)
+    expected[2] += torch.tensor([9.0, 10.0, 11.0])
+    expected[0] += torch.tensor([3.0, 4.0, 5.0])
+    assert torch.equal(h.grad, expected)
+    assert torch.equal(grad_history[[1, 3]], torch.zeros(2, 3))  # taken: later arrivals wait
+    assert torch.equal(grad_history[[0, 2]], torch.tensor([[0.0, 1.0, 2.0], [6.0, 7.0, 8.0]]))
 
 
 def test_too_many_chunks_is_refused():
