@@ -379,6 +379,11 @@ class LaborSampler:
             w[nbr_pos] = w[nbr_pos] * imp
             block.weights = w.to(torch.float32)
             return block, src_nodes
+        if self.aggregation == "mean" and self.importance_sampling == 0 and self.estimator == "hajek":
+            # LABOR-0's π_ts = min(1, k/d_s) and the mean's P_st = 1/d_s are the same for every
+            # edge of a row, so the row's normalised Horvitz-Thompson weights are 1 / (edges kept)
+            w = (1.0 / counts.clamp(min=1).to(torch.float64)).index_select(0, rows)
+            return sampled_block(src_nodes.numel(), counts, local, w), src_nodes
         if self.aggregation == "mean":
             exact = 1.0 / cand.deg.index_select(0, rows)  # P_st of the neighbour mean
             self_weights = None
