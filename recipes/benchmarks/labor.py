@@ -13,8 +13,10 @@ Three parts (``--parts``, all by default):
 - ``speed``: milliseconds per batch of this project's ``LaborSampler`` in this environment and of
   DGL's ``dgl.dataloading.LaborSampler`` (``sample_blocks``, no DataLoader) in a process of the DGL
   environment (``--dgl-python``, whose torch is older: ours is timed there too), on the same graph
-  and the same seed batches, LABOR-0 and LABOR-*; input vertices per batch of both, as a check that
-  they sample alike.
+  and the same seed batches, LABOR-0 and LABOR-*; the median over ``--speed-rounds`` passes, the
+  systems of a process alternating pass by pass (the VM's speed drifts by up to 1.3x within
+  minutes, so only systems timed side by side compare well); input vertices per batch of both, as
+  a check that they sample alike.
 Measures and prints; asserts nothing about timings.
 """
 
@@ -192,32 +194,37 @@ def speed_rows(
                 return theirs.sample_blocks(g, s)[0].numel()
 
             samplers["dgl"] = sample_dgl
-        for system, fn in samplers.items():
-            for seed in seeds:
-                torch.manual_seed(seed)
-                if system == "dgl":
-                    dgl.seed(seed)
-                batches = seed_batches(dataset, args.batch_size, seed, args.speed_batches + args.warmup)
+        for seed in seeds:
+            torch.manual_seed(seed)
+            if "dgl" in systems:
+                dgl.seed(seed)
+            batches = seed_batches(dataset, args.batch_size, seed, args.speed_batches + args.warmup)
+            for fn in samplers.values():
                 for batch in batches[: args.warmup]:
                     fn(*batch, seed)
-                times, inputs = [], []
-                for batch in batches[args.warmup :]:
-                    t0 = time.perf_counter()
-                    inputs.append(fn(*batch, seed))
-                    times.append(time.perf_counter() - t0)
+            ms: dict[str, list[float]] = {system: [] for system in samplers}
+            inputs: dict[str, list[int]] = {system: [] for system in samplers}
+            for round_ in range(args.speed_rounds):  # the systems alternate, first one, then the other
+                order = list(samplers.items())
+                for system, fn in order[::-1] if round_ % 2 else order:
+                    start = time.perf_counter()
+                    counts = [fn(*batch, seed) for batch in batches[args.warmup :]]
+                    ms[system].append(1e3 * (time.perf_counter() - start) / len(counts))
+                    inputs[system] = inputs[system] or counts
+            for system in samplers:
                 rows.append(
                     dict(
                         dataset=dataset_name,
                         variant="LABOR-0" if rounds == 0 else "LABOR-*",
                         system=system,
                         seed=seed,
-                        ms=1e3 * statistics.mean(times),
-                        inputs=statistics.mean(inputs),
+                        ms=statistics.median(ms[system]),
+                        inputs=statistics.mean(inputs[system]),
                     )
                 )
                 print(
-                    f"{dataset_name} {rows[-1]['variant']} {system} seed {seed}: {rows[-1]['ms']:.2f} ms / batch, "
-                    f"{rows[-1]['inputs']:.0f} input vertices",
+                    f"{dataset_name} {rows[-1]['variant']} {system} seed {seed}: {rows[-1]['ms']:.2f} ms / batch "
+                    f"(median of {args.speed_rounds} rounds), {rows[-1]['inputs']:.0f} input vertices",
                     flush=True,
                 )
     return rows
@@ -247,6 +254,7 @@ def run_speed(datasets: list[str], seeds: list[int], args) -> list[dict]:
                     f"--batch-size={args.batch_size}",
                     f"--speed-batches={args.speed_batches}",
                     f"--warmup={args.warmup}",
+                    f"--speed-rounds={args.speed_rounds}",
                     f"--json={out}",
                     *([f"--threads={args.threads}"] if args.threads else []),
                 ]
@@ -263,23 +271,26 @@ def run_speed(datasets: list[str], seeds: list[int], args) -> list[dict]:
 
 def speed_table(rows: list[dict]) -> list[str]:
     """One line per dataset and variant: ours in this environment, ours in the DGL environment,
-    DGL's, the ratio DGL / ours (this environment), input vertices of ours and DGL's."""
+    DGL's, the ratios DGL / ours in DGL's process (timed in alternating rounds) and against this
+    environment's (another process, minutes apart), input vertices of ours and DGL's."""
     other = next((r["system"] for r in rows if r["system"].startswith("ours (")), "ours (DGL env)")
     table = [
-        f"| dataset | variant | ours ms / batch | {other} ms / batch | DGL ms / batch | DGL / ours | "
-        "ours input vertices | DGL input vertices |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| dataset | variant | ours ms / batch | {other} ms / batch | DGL ms / batch | "
+        f"DGL / {other} (same process) | DGL / ours | ours input vertices | DGL input vertices |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for dataset, variant in dict.fromkeys((r["dataset"], r["variant"]) for r in rows):
         group = [r for r in rows if (r["dataset"], r["variant"]) == (dataset, variant)]
         ours = [r for r in group if r["system"] == "ours"]
         there = [r for r in group if r["system"] == other]
         dgl = [r for r in group if r["system"] == "dgl"]
-        ratio = statistics.mean(r["ms"] for r in dgl) / statistics.mean(r["ms"] for r in ours)
+        dgl_ms = statistics.mean(r["ms"] for r in dgl)
+        ratio = dgl_ms / statistics.mean(r["ms"] for r in ours)
+        same = f"{dgl_ms / statistics.mean(r['ms'] for r in there):.2f}x" if there else "-"
         table.append(
             f"| {dataset} | {variant} | {pm([r['ms'] for r in ours], 2)} | "
             f"{pm([r['ms'] for r in there], 2) if there else '-'} | {pm([r['ms'] for r in dgl], 2)} | "
-            f"{ratio:.2f}x | {pm([r['inputs'] for r in ours], 0)} | {pm([r['inputs'] for r in dgl], 0)} |"
+            f"{same} | {ratio:.2f}x | {pm([r['inputs'] for r in ours], 0)} | {pm([r['inputs'] for r in dgl], 0)} |"
         )
     return table
 
@@ -300,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fanouts", default="5,5", help="speed part; the counts use the model configs'")
     parser.add_argument("--speed-batches", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--speed-rounds", type=int, default=3, help="timed passes over the batches per system (median)"
+    )
     parser.add_argument("--threads", type=int, help="intra-op threads of the speed part (both systems)")
     parser.add_argument("--dgl-python", default=str(REPO / ".venv-dgl" / "bin" / "python"))
     parser.add_argument("--timeout", type=float, default=3600)
