@@ -279,13 +279,9 @@ class LayerPipeline:
     def _conv_by_chunks(self, stack: Stack, layer: int, src: Tensor, h0: Tensor) -> Tensor:
         """Convolution ``layer`` of every inner row from the local rows ``src``, one chunk at a
         time (the layer's intermediates are then one chunk's, not the partition's)."""
-        out = None
+        out = src.new_empty(self.num_inner, self.widths[layer + 1])
         for chunk in self.chunks:
-            rows = stack.conv(layer, chunk.block, src[chunk.source_rows()], h0[chunk.rows])
-            if out is None:
-                out = rows.new_empty(self.num_inner, rows.shape[1])
-            out[chunk.rows] = rows
-        assert out is not None
+            out[chunk.rows] = stack.conv(layer, chunk.block, src[chunk.source_rows()], h0[chunk.rows])
         return out
 
     def close(self) -> None:

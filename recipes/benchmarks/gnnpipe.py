@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "test at the best validation epoch; training memory: peak resident set growth over training "
         f"start, from a separate {args.memory_epochs}-epoch run (validation every epoch)"
         + (
-            " with allocations over 64 KiB mmapped (freed memory leaves the resident set)"
+            f" with allocations over {MMAP_THRESHOLD >> 10} KiB mmapped (freed memory leaves the resident set)"
             if exact_peaks
             else ""
         )

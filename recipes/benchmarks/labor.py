@@ -210,7 +210,8 @@ def speed_rows(
                     start = time.perf_counter()
                     counts = [fn(*batch, seed) for batch in batches[args.warmup :]]
                     ms[system].append(1e3 * (time.perf_counter() - start) / len(counts))
-                    inputs[system] = inputs[system] or counts
+                    if round_ == 0:
+                        inputs[system] = counts
             for system in samplers:
                 rows.append(
                     dict(
