@@ -179,15 +179,16 @@ class GNNPipeStrategy(FullGraphStrategyBase):
 
     def result_fields(self) -> str:
         """For the recipe's RESULT line: mean activation and halo bytes per training epoch (all
-        ranks), the share of historical rows read that were from an earlier epoch, and rank 0's
-        wait for transfers."""
+        ranks), the share of historical rows read that were from an earlier epoch (and of the halo
+        rows among them, in the hybrid), and rank 0's wait for transfers."""
         mean_bytes = self.mean_epoch_bytes()
         if mean_bytes is None:
             return ""
         stale = self.staleness
         wait = self.transfer_wait_s + (self.pipeline.wait_s if self.pipeline is not None else 0.0)
+        halo = f" stale_halo_reads={stale.halo_stale_fraction:.3f}" if stale.halo_reads else ""
         return (
-            f" comm_bytes={mean_bytes:.0f} stale_reads={stale.stale_fraction:.3f}"
+            f" comm_bytes={mean_bytes:.0f} stale_reads={stale.stale_fraction:.3f}{halo}"
             f" max_staleness={stale.max_age} transfer_wait_s={wait:.2f}"
         )
 

@@ -27,9 +27,13 @@ same dropout masks, in the backward (activation recomputation): activation memor
 instead of the whole partition's.
 
 In the hybrid (several ways), a way's inner rows are a graph partition: rows of other partitions
-(halo) are exchanged with the same stage of the other ways once per layer and epoch, after the
-forward (values) and after the backward (gradients, added in the next epoch's backward), so halo
-rows and their gradients are one epoch old, as in PipeGCN.
+(halo) come from the same stage of the other ways chunk by chunk. Every way runs its chunks in the
+same order, so after the chunks at one position of that order have passed forward, the ways
+exchange those chunks' rows that peers read (every history layer of the stage in one message):
+halo rows of chunks earlier in the epoch's order are fresh, the others one epoch old, as within a
+partition. Before the chunks at a position go backward, the ways hand each other the gradients
+gathered so far for those chunks' halo rows, so that a fresh read's gradient arrives in time and
+a stale read's waits for the next epoch's turn (``ChunkHalo``).
 
 Before the first training epoch an exact forward fills the history (no stale start from zeros).
 Evaluation runs the exact forward over the whole partition, stage by stage; within a stage each
@@ -58,22 +62,39 @@ from lightning_mqgnn.models.metrics import node_loss
 from lightning_mqgnn.sampling.rng import epoch_seed
 
 # message kinds, part of every tag so that the streams of one link never mix
-FORWARD, BACKWARD, EVAL, HALO_VALUES, HALO_GRADS, HALO_EVAL = range(1, 7)
+FORWARD, BACKWARD, EVAL, HALO_VALUES, HALO_GRADS, HALO_EVAL, HALO_PLAN = range(1, 8)
 TAG_BITS = 20
 
 
 @dataclass
 class Staleness:
     """How old the history rows a stage read were: ``reads`` rows read, ``stale`` of them written
-    in an earlier epoch than the one reading them, ``max_age`` in epochs."""
+    in an earlier epoch than the one reading them, ``max_age`` in epochs; ``halo_reads`` and
+    ``halo_stale`` the same for the rows of other partitions among them (the hybrid)."""
 
     reads: int = 0
     stale: int = 0
     max_age: int = 0
+    halo_reads: int = 0
+    halo_stale: int = 0
 
     @property
     def stale_fraction(self) -> float:
         return self.stale / self.reads if self.reads else 0.0
+
+    @property
+    def halo_stale_fraction(self) -> float:
+        return self.halo_stale / self.halo_reads if self.halo_reads else 0.0
+
+
+@dataclass(frozen=True)
+class ChunkHalo:
+    """The rows the ways of a stage exchange for one chunk position (the hybrid): ``send[p]``,
+    the history slots of this way's rows in its chunk that way ``p`` reads; ``recv[p]``, the slots
+    of the halo rows this way reads from way ``p``'s chunk at the same position."""
+
+    send: list[Tensor]
+    recv: list[Tensor]
 
 
 @dataclass
@@ -131,6 +152,7 @@ class LayerPipeline:
         )
         self.send_slots = slot[send_all]  # peers read these inner rows (the hybrid)
         self.halo_slots = slot[halo_rows]
+        self.first_halo_slot = int((self.kept < part.num_inner).sum())
         stage_ranks = [layout.rank_of(self.way, s) for s in range(layout.stages)]
         self.link = transport_factory(self.stage, layout.stages, group, stage_ranks)
         way_ranks = [layout.rank_of(w, self.stage) for w in range(layout.ways)]
@@ -151,8 +173,8 @@ class LayerPipeline:
         self._runs: list[_ChunkRun] = []
         self._order: list[int] = []
         self._sends: list[Future] = []
-        self._halo_pending: Future | None = None
-        self._grads_pending: Future | None = None
+        self._chunk_halos: list[ChunkHalo] = []
+        self._values_pending: tuple[int, Future] | None = None
         self._device = torch.device("cpu")
         self._allocated = False
         self._input_keep: Tensor | None = None
@@ -178,14 +200,16 @@ class LayerPipeline:
         self._to_device(batch.features.device)
         self.epoch = epoch
         if not self._warm:
+            if self.halo_link is not None:
+                self._plan_halo()
             self._warm_up(stack, batch)
             self._warm = True
-        self._finish_halo_refresh()
         self._draw_input_mask(stack, batch)
         self._order = self.chunk_order(epoch)
         self._runs = []
         total = torch.zeros((), device=self._device)
         for c in self._order:
+            self._finish_halo_values()  # the peers' rows of the chunks before, read from here on
             chunk = self.chunks[c]
             x_in = (
                 None
@@ -209,18 +233,20 @@ class LayerPipeline:
             else:
                 run.sent = self._send_rows(FORWARD, self.stage + 1, out)
             self._runs.append(run)
+            if self.halo_link is not None and self.history_layers():
+                self._start_halo_values(c)
+        self._finish_halo_values()
         self._wait_sends()
-        if self.halo_link is not None:
-            self._start_halo_refresh()
         return total
 
     def backward_phase(self, stack: Stack, batch: PartitionBatch) -> None:
         """Every chunk backward in the reverse order; parameter gradients accumulate in ``.grad``.
         ``grad_history`` holds the gradients that arrived too late last epoch (and, in the hybrid,
         those peers returned for the halo rows they read); each chunk's hook takes its rows'."""
-        self._add_remote_grads()
         while self._runs:  # reverse order; each run is dropped as soon as its backward is done
             run = self._runs.pop()
+            if self.halo_link is not None and self.history_layers():
+                self._exchange_halo_grads(run.chunk)
             chunk = self.chunks[run.chunk]
             if self.recompute:
                 if run.x_in is not None:
@@ -242,8 +268,6 @@ class LayerPipeline:
                 assert run.x_in is not None and run.x_in.grad is not None
                 self._send_grads(self.stage - 1, run.x_in.grad, run.x_in)
         self._wait_sends()
-        if self.halo_link is not None:
-            self._start_grad_return()
 
     @torch.no_grad()
     def exact_forward(self, stack: Stack, batch: PartitionBatch, training: bool = False) -> Tensor | None:
@@ -340,17 +364,21 @@ class LayerPipeline:
         labels = batch.labels[chunk.rows][mask]
         return node_loss(logits, labels, multilabel, "sum") / batch.num_train_global
 
-    def _write(self, layer: int, where: Tensor, rows: Tensor, epoch: int | None = None) -> None:
-        """Record ``rows`` (values of ``epoch``, default this one) in the history."""
+    def _write(self, layer: int, where: Tensor, rows: Tensor) -> None:
+        """Record ``rows``, values of this epoch, in the history."""
         self.history[layer][where] = rows
-        self.written[layer][where] = self.epoch if epoch is None else epoch
+        self.written[layer][where] = self.epoch
 
     def _count_reads(self, layer: int, slots: HistorySlots) -> None:
         if not slots.ext_slots.numel():
             return
         age = self.epoch - self.written[layer][slots.ext_slots]
+        stale = age > 0
+        halo = slots.ext_slots >= self.first_halo_slot  # history slots follow local row ids
         self.staleness.reads += int(age.numel())
-        self.staleness.stale += int((age > 0).sum())
+        self.staleness.stale += int(stale.sum())
+        self.staleness.halo_reads += int(halo.sum())
+        self.staleness.halo_stale += int((stale & halo).sum())
         self.staleness.max_age = max(self.staleness.max_age, int(age.max()))
 
     # ------------------------------------------------------------------ state and warm-up
@@ -454,28 +482,26 @@ class LayerPipeline:
             future.result()
         self.wait_s += time.perf_counter() - start
 
-    def _halo_exchange(
-        self, rows_of_peer: list[Tensor], recv_counts: list[int], width: int, kind: int
-    ) -> Future:
-        """Send ``rows_of_peer[p]`` to way ``p`` of this stage and receive ``recv_counts[p]`` rows
-        from each, on the communication thread; the future gives the received rows concatenated."""
+    def _exchange_with_ways(self, sends: list[Tensor], recv_numels: list[int], kind: int) -> Future:
+        """Send ``sends[p]`` to way ``p`` of this stage and receive ``recv_numels[p]`` floats from
+        each, on the communication thread; the future gives the received messages."""
         assert self.halo_link is not None
-        sends = [r.detach().to("cpu", torch.float32).contiguous() for r in rows_of_peer]
+        sends = [s.detach().to("cpu", torch.float32).contiguous() for s in sends]
         if kind != HALO_EVAL:
             self.bytes_sent += sum(s.numel() * s.element_size() for s in sends)
-        recvs = [torch.empty(k, width) for k in recv_counts]
+        recvs = [torch.empty(n) for n in recv_numels]
         tag, link = self._tag(kind, "both"), self.halo_link
 
-        def job() -> Tensor:
+        def job() -> list[Tensor]:
             link.exchange(sends, recvs, tag)
-            return torch.cat(recvs) if recvs else torch.empty(0, width)
+            return recvs
 
         return self._submit(job)
 
-    def _result(self, future: Future) -> Tensor:
+    def _result(self, future: Future) -> list[Tensor]:
         start = time.perf_counter()
         try:
-            return future.result().to(self._device)
+            return [t.to(self._device) for t in future.result()]
         finally:
             self.wait_s += time.perf_counter() - start
 
@@ -483,49 +509,83 @@ class LayerPipeline:
         """This layer's halo rows, exchanged now (evaluation and warm-up)."""
         if self.halo_link is None:
             return h.new_empty(0, h.shape[1])
-        part = self.part
-        sends = [h[idx] for idx in part.send_idx]
+        part, width = self.part, h.shape[1]
+        sends = [h[idx].reshape(-1) for idx in part.send_idx]
         kind = HALO_VALUES if training else HALO_EVAL
-        return self._result(self._halo_exchange(sends, part.recv_counts, h.shape[1], kind))
+        recvs = self._result(self._exchange_with_ways(sends, [k * width for k in part.recv_counts], kind))
+        return torch.cat([r.view(-1, width) for r in recvs])
 
-    def _start_halo_refresh(self) -> None:
-        """Send this epoch's inner rows of every history layer to the ways that read them."""
+    def _plan_halo(self) -> None:
+        """The ``ChunkHalo`` of every chunk position: each way tells its peers which of its chunks
+        every row they read belongs to (once, before the first epoch)."""
+        assert self.halo_link is not None
         part = self.part
-        futures = []
-        for layer in self.history_layers():
-            rows = torch.split(self.history[layer][self.send_slots], [int(i.numel()) for i in part.send_idx])
-            futures.append(self._halo_exchange(list(rows), part.recv_counts, self.widths[layer], HALO_VALUES))
-        self._halo_pending = futures  # type: ignore[assignment]
+        chunk_of = torch.empty(self.num_inner, dtype=torch.int64)
+        for c, chunk in enumerate(self.chunks):
+            chunk_of[chunk.rows.cpu()] = c
+        own = [chunk_of[idx.cpu()] for idx in part.send_idx]
+        theirs = [torch.empty(k, dtype=torch.int64) for k in part.recv_counts]
+        self.halo_link.exchange(own, theirs, self._tag(HALO_PLAN, "both"))
+        send_slots = torch.split(self.send_slots, [int(i.numel()) for i in own])
+        recv_slots = torch.split(self.halo_slots, part.recv_counts)
+        device = self._device
+        self._chunk_halos = [
+            ChunkHalo(
+                [slots[(of == c).to(device)] for slots, of in zip(send_slots, own)],
+                [slots[(of == c).to(device)] for slots, of in zip(recv_slots, theirs)],
+            )
+            for c in range(len(self.chunks))
+        ]
 
-    def _finish_halo_refresh(self) -> None:
-        futures = self._halo_pending
-        if not futures:
+    def _rows_of_layers(self, buffers: dict[int, Tensor], slots: Tensor) -> Tensor:
+        """``buffers[layer][slots]`` of every history layer, flattened into one message."""
+        return torch.cat([buffers[layer][slots].reshape(-1) for layer in self.history_layers()])
+
+    def _per_layer(self, message: Tensor, rows: int) -> list[tuple[int, Tensor]]:
+        """``_rows_of_layers``' message of ``rows`` rows, back into each history layer's rows."""
+        layers = self.history_layers()
+        parts = torch.split(message, [rows * self.widths[layer] for layer in layers])
+        return [(layer, part.view(rows, self.widths[layer])) for layer, part in zip(layers, parts)]
+
+    def _message_numels(self, slots: list[Tensor]) -> list[int]:
+        width = sum(self.widths[layer] for layer in self.history_layers())
+        return [int(s.numel()) * width for s in slots]
+
+    def _start_halo_values(self, c: int) -> None:
+        """After chunk ``c``'s forward: its rows that other ways read go to them, and their chunk
+        at the same position comes back (written before the next chunk reads, ``_finish_halo_values``)."""
+        halo = self._chunk_halos[c]
+        sends = [self._rows_of_layers(self.history, slots) for slots in halo.send]
+        self._values_pending = (
+            c,
+            self._exchange_with_ways(sends, self._message_numels(halo.recv), HALO_VALUES),
+        )
+
+    def _finish_halo_values(self) -> None:
+        if self._values_pending is None:
             return
-        self._halo_pending = None
-        for layer, future in zip(self.history_layers(), futures):  # type: ignore[arg-type]
-            self._write(layer, self.halo_slots, self._result(future), self.epoch - 1)
+        c, future = self._values_pending
+        self._values_pending = None
+        for slots, message in zip(self._chunk_halos[c].recv, self._result(future)):
+            for layer, rows in self._per_layer(message, int(slots.numel())):
+                self._write(layer, slots, rows)
 
-    def _start_grad_return(self) -> None:
-        """Return the gradients of the halo rows, gathered over this backward, to their owners."""
-        part = self.part
-        futures = []
-        for layer in self.history_layers():
-            halo_grads = self.grad_history[layer][self.halo_slots]  # a copy: the buffer's rows restart
-            self.grad_history[layer][self.halo_slots] = 0.0
-            rows = list(torch.split(halo_grads, part.recv_counts))
-            counts = [int(i.numel()) for i in part.send_idx]
-            futures.append(self._halo_exchange(rows, counts, self.widths[layer], HALO_GRADS))
-        self._grads_pending = futures  # type: ignore[assignment]
-
-    def _add_remote_grads(self) -> None:
-        futures = self._grads_pending
-        if not futures:
-            return
-        self._grads_pending = None
-        for layer, future in zip(self.history_layers(), futures):  # type: ignore[arg-type]
-            returned = self._result(future)
-            if returned.numel():
-                self.grad_history[layer].index_add_(0, self.send_slots, returned)
+    def _exchange_halo_grads(self, c: int) -> None:
+        """Before chunk ``c``'s backward: the gradients gathered so far for the halo rows of the
+        peers' chunks at this position go to their ways (their rows restart at zero), and the
+        gradients the peers gathered for this way's rows of chunk ``c`` come in, for its backward
+        to take. A gradient of a row read stale comes after its chunk's turn and waits in the
+        buffer for the next epoch's."""
+        halo = self._chunk_halos[c]
+        sends = []
+        for slots in halo.recv:
+            sends.append(self._rows_of_layers(self.grad_history, slots))
+            for layer in self.history_layers():
+                self.grad_history[layer][slots] = 0.0
+        future = self._exchange_with_ways(sends, self._message_numels(halo.send), HALO_GRADS)
+        for slots, message in zip(halo.send, self._result(future)):
+            for layer, rows in self._per_layer(message, int(slots.numel())):
+                self.grad_history[layer].index_add_(0, slots, rows)
 
 
 def _rng_devices(device: torch.device) -> list:

@@ -103,6 +103,9 @@ class MemoryRecorder(Recorder):
             "train_rss_mb": self.memory.train_rss_mb,
             "peak_rss_mb": self.memory.peak_rss_mb,
             "stale_fraction": stale.stale_fraction if stale is not None else None,
+            "stale_halo_fraction": stale.halo_stale_fraction
+            if stale is not None and stale.halo_reads
+            else None,
         }
 
 
@@ -201,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                 memory = r["train_mb"] / base["train_mb"] if base and base["train_mb"] else float("nan")
                 delta = 100 * (r["test"] - single["test"]) if single else float("nan")
                 stale = f"{r['stale_fraction']:.2f}" if r.get("stale_fraction") is not None else ""
+                if r.get("stale_halo_fraction") is not None:
+                    stale += f" (halo {r['stale_halo_fraction']:.2f})"
                 rows.append(
                     f"| {name} | {depth} | {mode} | {r['bytes_per_epoch']:,.0f} | {fewer} | "
                     f"{r['epoch_ms']:.0f} | {r['train_mb']:.0f} | {memory:.2f} | {r['test']:.4f} | "

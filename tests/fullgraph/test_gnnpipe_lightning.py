@@ -1,6 +1,7 @@
 """GNNPipe through Lightning on 4 forked CPU processes (gloo): with one chunk per partition there is
 no history, so it must train exactly like one process; with chunks it reads history rows of bounded
-age and still learns; the hybrid (2 ways x 2 stages) too."""
+age and still learns; the hybrid (2 ways x 2 stages) too, reading the rows of the other partition's
+chunks fresh once they passed."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ class Report(pl.Callback):
             reads=stale.reads,
             stale=stale.stale,
             max_age=stale.max_age,
+            halo_reads=stale.halo_reads,
+            halo_stale=stale.halo_stale,
             val=float(trainer.callback_metrics.get("val/metric", float("nan"))),
         )
         (self.directory / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
@@ -133,3 +136,9 @@ def test_chunked_pipeline_learns_with_bounded_staleness(stages, tmp_path):
     assert 0 < stale < reads
     assert max(r["max_age"] for r in got) == 1
     assert got[0]["losses"][-1] < got[0]["losses"][0]
+    halo_reads = sum(r["halo_reads"] for r in got)
+    halo_stale = sum(r["halo_stale"] for r in got)
+    if stages == 2:  # the hybrid: a peer's rows are fresh once its chunk at an earlier position passed
+        assert 0 < halo_stale < halo_reads
+    else:
+        assert halo_reads == 0
