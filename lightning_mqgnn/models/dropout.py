@@ -15,7 +15,10 @@ ReLU and the mask share one autograd node: ``relu(h) * m == max(h * m, 0)`` beca
 forward is one product and an in-place clamp. Every kept entry has the same scale ``s``, and an
 output is positive exactly where the entry was kept and ``h > 0``, so the gradient ``m * g`` on
 those entries is ``s * g`` where the output is positive: backward reads the output only, and the
-mask is freed as soon as forward is done.
+mask is done with as soon as forward is. A module writes its masks into one buffer it reuses
+(``MaskBuffer``), and in place (``ReLUDropout(inplace=True)``) it also scales the incoming gradient
+where it lies: an activation-sized tensor freshly allocated every step costs several times the
+arithmetic that fills it.
 """
 
 from __future__ import annotations
@@ -77,27 +80,57 @@ def keep_scale(p: float, dtype: torch.dtype = torch.float32) -> float:
     return float(torch.tensor(1.0 / (1.0 - quantised_drop_probability(p)), dtype=dtype))
 
 
+class MaskBuffer:
+    """Storage a ``ReLUDropout`` reuses for its masks, step after step: grown (with 1/8 slack, as
+    batches vary in size) when a mask needs more, never pickled."""
+
+    def __init__(self) -> None:
+        self._storage: Tensor | None = None
+
+    def __getstate__(self) -> dict:
+        return {"_storage": None}
+
+    def take(self, numel: int, dtype: torch.dtype) -> Tensor:
+        """A flat tensor of ``numel`` entries of ``dtype``; its contents are overwritten by the next
+        ``take``."""
+        storage = self._storage
+        if storage is None or storage.dtype != dtype or storage.numel() < numel:
+            storage = self._storage = torch.empty(numel + numel // 8, dtype=dtype)
+        return storage[:numel]
+
+
 def random_keep_mask(
-    shape: torch.Size, p: float, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float32
+    shape: torch.Size,
+    p: float,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float32,
+    buffer: MaskBuffer | None = None,
 ) -> Tensor:
     """A mask of ``dtype``: 0 with probability ``quantised_drop_probability(p)``, else
-    ``keep_scale(p, dtype)``."""
+    ``keep_scale(p, dtype)``; written into ``buffer`` when given (valid until its next use)."""
     n = math.prod(shape)
     bits = mask_bits(p)
     if bits < 16:
         dropped = round(p * (1 << bits))
         table = _byte_table(bits, dropped, dtype)
-        words = _random_words((n * bits + 7) // 8, generator)
-        return table.index_select(0, words.long()).view(-1)[:n].view(shape)
+        words = _random_words((n * bits + 7) // 8, generator).long()
+        rows = (
+            None
+            if buffer is None
+            else buffer.take(words.numel() * table.shape[1], dtype).view(-1, table.shape[1])
+        )
+        return torch.index_select(table, 0, words, out=rows).view(-1)[:n].view(shape)
     words = _random_words(2 * n, generator).view(torch.int16)[:n].view(shape)  # uniform on [-2^15, 2^15)
-    dropped = round(p * _LEVELS)
-    return torch.where(words >= dropped - _LEVELS // 2, keep_scale(p, dtype), 0.0).to(dtype)
+    keep = words >= round(p * _LEVELS) - _LEVELS // 2
+    scale, zero = torch.tensor(keep_scale(p, dtype), dtype=dtype), torch.zeros((), dtype=dtype)
+    out = None if buffer is None else buffer.take(n, dtype).view(shape)
+    return torch.where(keep, scale, zero, out=out)
 
 
 class _ReLUMasked(torch.autograd.Function):
     """``max(h * mask, 0)`` for a mask of zeros and ``scale``, with the gradient ``scale * g``
-    where the output is positive; ``inplace``: written over ``h`` (a fresh activation-sized buffer
-    costs about as much as the product itself)."""
+    where the output is positive; ``inplace``: written over ``h``, and the gradient over ``g``
+    where that can be done (a contiguous ``g``: an expanded one is shared by its entries)."""
 
     @staticmethod
     def forward(ctx, h: Tensor, mask: Tensor, scale: float, inplace: bool) -> Tensor:
@@ -107,13 +140,16 @@ class _ReLUMasked(torch.autograd.Function):
         else:
             out = torch.mul(h, mask).clamp_min_(0.0)
         ctx.save_for_backward(out)
-        ctx.scale = scale
+        ctx.scale, ctx.inplace = scale, inplace
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         (out,) = ctx.saved_tensors
-        grad_h = torch.mul(grad, ctx.scale)
+        if ctx.inplace and grad.is_contiguous() and not grad.requires_grad:
+            grad_h = grad.mul_(ctx.scale)
+        else:
+            grad_h = torch.mul(grad, ctx.scale)
         torch.ops.aten.threshold_backward.grad_input(grad_h, out, 0.0, grad_input=grad_h)
         return grad_h, None, None, None
 
@@ -121,9 +157,11 @@ class _ReLUMasked(torch.autograd.Function):
 class ReLUDropout(nn.Module):
     """``Dropout(p)(relu(h))`` with the fast CPU mask (module docstring); plain ReLU in eval mode.
 
-    ``inplace``: the CPU training path overwrites its input, for callers whose ``h`` nothing else
-    reads and whose producing operation does not keep its output for backward (a linear map, a
-    weighted sum); autograd refuses the backward, loudly, where one does.
+    ``inplace``: the CPU training path overwrites its input, and in backward the gradient it
+    receives, for callers whose ``h`` nothing else reads, whose producing operation does not keep
+    its output for backward, and whose consumer hands back a gradient of its own (a linear map, a
+    weighted sum on either side); autograd refuses the backward, loudly, where the producer keeps
+    its output.
     """
 
     def __init__(self, p: float = 0.5, inplace: bool = False):
@@ -132,13 +170,14 @@ class ReLUDropout(nn.Module):
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p = p
         self.inplace = inplace
+        self.masks = MaskBuffer()
 
     def forward(self, h: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return torch.relu(h)
         if h.device.type != "cpu" or h.dtype not in MASK_DTYPES:
             return F.dropout(torch.relu(h), self.p, training=True)
-        mask = random_keep_mask(h.shape, self.p, dtype=h.dtype)
+        mask = random_keep_mask(h.shape, self.p, dtype=h.dtype, buffer=self.masks)
         return _ReLUMasked.apply(h, mask, keep_scale(self.p, h.dtype), self.inplace)
 
     def extra_repr(self) -> str:

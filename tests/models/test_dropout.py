@@ -6,6 +6,7 @@ import torch
 from torch.nn import functional as F
 
 from lightning_mqgnn.models.dropout import (
+    MaskBuffer,
     ReLUDropout,
     keep_scale,
     mask_bits,
@@ -77,6 +78,36 @@ def test_in_place_relu_dropout_equals_the_out_of_place_one_with_its_gradients():
         results.append((out.detach(), linear.weight.grad.clone(), linear.bias.grad.clone()))
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.2])
+def test_masks_written_into_a_reused_buffer_equal_fresh_ones(p):
+    buffer = MaskBuffer()
+    for shape in [(300, 40), (310, 40), (200, 40)]:  # grows, then reuses
+        torch.manual_seed(11)
+        fresh = random_keep_mask(torch.Size(shape), p)
+        torch.manual_seed(11)
+        assert torch.equal(random_keep_mask(torch.Size(shape), p, buffer=buffer), fresh)
+
+
+def test_in_place_relu_dropout_scales_the_gradient_where_it_lies_when_it_can():
+    """A contiguous incoming gradient is scaled and thresholded in place (no fresh
+    activation-sized tensor); an expanded one (the gradient of a sum) is left alone."""
+    p = 0.5
+    h = torch.randn(40, 12, requires_grad=True)
+    torch.manual_seed(2)
+    out = ReLUDropout(p, inplace=True)(h * 1.0)
+    seen = []
+    out.register_hook(seen.append)
+    out.square().sum().backward()
+    expected = 2 * out.detach() * keep_scale(p) * (out.detach() > 0)
+    assert torch.equal(seen[0], expected)  # the tensor handed in now holds the input's gradient
+    assert torch.equal(h.grad, expected)
+    h.grad = None
+    torch.manual_seed(2)
+    out = ReLUDropout(p, inplace=True)(h * 1.0)
+    out.sum().backward()
+    assert torch.equal(h.grad, keep_scale(p) * (out.detach() > 0).float())
 
 
 def test_in_place_relu_dropout_after_an_op_that_keeps_its_output_fails_loudly():
