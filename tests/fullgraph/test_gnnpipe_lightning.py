@@ -113,7 +113,8 @@ def test_one_chunk_per_stage_trains_like_one_process(recompute, tmp_path):
 def test_first_forward_is_exact(stages, chunks, tmp_path):
     """The warm-up's exact forward (chunk by chunk) fills the history exactly, so the first
     epoch's loss is the single-process loss; later ones read rows one epoch old: the halo rows of
-    the hybrid (2 ways x 2 stages), other chunks' rows of 4 stages with 4 chunks each."""
+    the hybrid (2 ways x 2 stages, one chunk each: the other partition's chunk passes at the same
+    position, after the read), other chunks' rows of 4 stages with 4 chunks each."""
     _, got = fit(
         GNNPipeStrategy(stages=stages, num_chunks=chunks, start_method="fork"),
         2,
