@@ -185,19 +185,20 @@ def dying_rank(rank: int, port: int, queue) -> None:
         queue.put((rank, type(err).__name__, f"{err} [after {elapsed:.1f} s]"))
 
 
-def dying_stage(rank: int, port: int, queue) -> None:
-    """GNNPipe over 4 stages: rank 2 dies at the start of epoch 2; the others must fail fast."""
+def dying_stage(rank: int, port: int, queue, stages: int = WORLD) -> None:
+    """GNNPipe over ``stages`` stages (fewer: the hybrid, ``WORLD // stages`` graph partitions):
+    rank 2 dies at the start of epoch 2; the others must fail fast."""
     from lightning_mqgnn.fullgraph import LayerPipeline, PipelineLayout
 
     try:
         _init(rank, port)
         ds = small_dataset()
-        book = PartitionBook.build(ds.graph, 1, "random", seed=0)
         torch.manual_seed(0)
         model = FullGraphNodeClassifier(ds.num_features, ds.num_classes, conv="gcnii", hidden=8, num_layers=4)
-        batch = partition_batch(ds, book, 0, model.aggregation)
+        layout = PipelineLayout(WORLD, stages, model.stack.num_convs)
+        book = PartitionBook.build(ds.graph, layout.ways, "random", seed=0)
+        batch = partition_batch(ds, book, layout.way_of(rank), model.aggregation)
         group = dist.new_group(backend="gloo", timeout=timedelta(seconds=15))
-        layout = PipelineLayout(WORLD, WORLD, model.stack.num_convs)
         pipeline = LayerPipeline(batch, model.stack.widths, layout, rank, Transport, group, num_chunks=3)
         start = None
         for epoch in range(4):
