@@ -173,7 +173,7 @@ class LayerPipeline:
         self._runs: list[_ChunkRun] = []
         self._order: list[int] = []
         self._sends: list[Future] = []
-        self._chunk_halos: list[ChunkHalo] = []
+        self._chunk_halos: list[ChunkHalo] = []  # the hybrid's plan; empty: no halo rows to swap
         self._values_pending: tuple[int, Future] | None = None
         self._device = torch.device("cpu")
         self._allocated = False
@@ -200,8 +200,8 @@ class LayerPipeline:
         self._to_device(batch.features.device)
         self.epoch = epoch
         if not self._warm:
-            if self.halo_link is not None:
-                self._plan_halo()
+            if self.halo_link is not None and self.history_layers():
+                self._plan_halo()  # a stage without history layers reads no halo rows from history
             self._warm_up(stack, batch)
             self._warm = True
         self._draw_input_mask(stack, batch)
@@ -233,7 +233,7 @@ class LayerPipeline:
             else:
                 run.sent = self._send_rows(FORWARD, self.stage + 1, out)
             self._runs.append(run)
-            if self.halo_link is not None and self.history_layers():
+            if self._chunk_halos:
                 self._start_halo_values(c)
         self._finish_halo_values()
         self._wait_sends()
@@ -245,7 +245,7 @@ class LayerPipeline:
         those peers returned for the halo rows they read); each chunk's hook takes its rows'."""
         while self._runs:  # reverse order; each run is dropped as soon as its backward is done
             run = self._runs.pop()
-            if self.halo_link is not None and self.history_layers():
+            if self._chunk_halos:
                 self._exchange_halo_grads(run.chunk)
             chunk = self.chunks[run.chunk]
             if self.recompute:
