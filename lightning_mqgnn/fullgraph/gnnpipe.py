@@ -42,6 +42,10 @@ class GNNPipeStrategy(FullGraphStrategyBase):
         chunking: 'metis' or 'random' cut of a partition into chunks.
         shuffle: a new chunk order every epoch, the same on every rank.
         recompute: keep only each chunk's input and recompute its forward in the backward.
+        complete_gradients: run each stage's backward twice, a first pass gathering the gradients
+            of the rows read stale, so that every chunk's backward takes all of its epoch's
+            gradients (a longer epoch; in the hybrid the halo gradients travel in both passes);
+            False: the paper's one backward, whose late gradients are applied in the next epoch.
         halo_timeout_s: how long a transfer waits for a silent peer before failing.
         transport: builds a ``Transport`` from (position, size, group, global ranks); benchmarks
             pass one that models a slower link.
@@ -56,6 +60,7 @@ class GNNPipeStrategy(FullGraphStrategyBase):
         chunking: str = "metis",
         shuffle: bool = True,
         recompute: bool = True,
+        complete_gradients: bool = True,
         halo_timeout_s: float = 60.0,
         transport: TransportFactory | None = None,
         seed: int = 0,
@@ -71,6 +76,7 @@ class GNNPipeStrategy(FullGraphStrategyBase):
         self.chunking = chunking
         self.shuffle = shuffle
         self.recompute = recompute
+        self.complete_gradients = complete_gradients
         self.pipeline: LayerPipeline | None = None
         self._batch: PartitionBatch | None = None
         self.staleness = Staleness()  # of every pipeline this strategy ran
@@ -112,6 +118,7 @@ class GNNPipeStrategy(FullGraphStrategyBase):
                 shuffle=self.shuffle,
                 recompute=self.recompute,
                 staleness=self.staleness,
+                complete_gradients=self.complete_gradients,
             )
         return self.pipeline
 

@@ -1,6 +1,8 @@
 """A layer pipeline's history rows inside a chunk's autograd graph: the rows a chunk reads from
 the history send their gradients to the gradient history as the backward computes them, and a
-chunk takes the gradients its own rows received when its backward reaches them."""
+chunk takes the gradients its own rows received when its backward reaches them. A gathering
+backward (``backward_into_history``) runs only that part: what the history reads send, no
+parameter gradient."""
 
 from __future__ import annotations
 
@@ -50,4 +52,17 @@ def take_arrived_gradients(grad_history: Tensor, slots: HistorySlots) -> Callabl
     return hook
 
 
-__all__ = ["read_history", "take_arrived_gradients"]
+def backward_into_history(
+    tensor: Tensor, grad: Tensor | None, chunk_input: Tensor | None, retain_graph: bool = False
+) -> None:
+    """Backpropagate ``grad`` from ``tensor`` through a chunk only as far as its history reads
+    (which send their gradients to the gradient history) and its input rows, whose hooks take the
+    gradients that arrived for them: no parameter gets a gradient. The input's own gradient is
+    computed for those hooks to run, then dropped."""
+    inputs = [_ANCHOR] if chunk_input is None else [_ANCHOR, chunk_input]
+    torch.autograd.backward(tensor, grad, retain_graph=retain_graph, inputs=inputs)
+    if chunk_input is not None:
+        chunk_input.grad = None
+
+
+__all__ = ["backward_into_history", "read_history", "take_arrived_gradients"]

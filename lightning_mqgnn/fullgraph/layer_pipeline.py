@@ -13,14 +13,25 @@ order shared by every rank, then all chunks backward in the reverse order (GPipe
 all-forward-then-all-backward). A chunk's convolution aggregates rows of other chunks: they come
 from this stage's history of the layer's input (``history[l]``: the rows some chunk or peer reads,
 ``chunks.history_slots``), written as each chunk passes, so rows of chunks earlier in this
-epoch's order are fresh and the others are one epoch old. Gradients with respect to those rows are scattered into ``grad_history[l]`` and added
-to the rows' gradients when their chunk is backpropagated; a gradient that arrives after its chunk
-was backpropagated (the dependency read a stale row) stays in the buffer and is added in the next
-epoch's backward, one epoch late, as PipeGCN applies stale halo gradients. GNNPipe drops those
-instead and doubles the rest; delivering every gradient keeps the cross-chunk terms' full mass
-without the doubled variance. The chunk order is shuffled every epoch (same seed on every rank) so
-that no chunk always reads stale rows and no dependency's gradient is always late: each
-cross-chunk dependency is fresh with probability about one half.
+epoch's order are fresh and the others are one epoch old. Gradients with respect to those rows
+are scattered into ``grad_history[l]`` and added to the rows' gradients when their chunk is
+backpropagated. In the reverse order, the gradients of the rows read stale come from chunks whose
+backward follows their own: they arrive after their chunk's turn. With ``complete_gradients``
+(the default) every stage therefore runs its backward twice. The first pass only gathers: each
+chunk, from the gradient the next stage sent for its output, backpropagates as far as its history
+reads (no parameter gradient, nothing sent), so that the gradient history holds every gradient
+of the epoch that some chunk's turn would come too early for. The second pass is the backward
+proper: each chunk takes every gradient its rows receive this epoch, the parameter gradients
+accumulate and the input gradients go to the previous stage, which gathers with them in its own
+first pass; the second pass's own late gradients repeat the first's and are dropped. Given the
+forward's values, the gradients of a stage's top history layer are then those of the whole graph
+at once; a lower one's late gradients come from the first pass, whose gradients lack the late
+ones of the layers above (one more pass per history layer would make them exact too; a test
+checks the exact first step of stages with one history layer each). Without it (the paper's
+schedule, one backward) a late gradient waits in the buffer for the next epoch's backward, one
+epoch late, as PipeGCN applies stale halo gradients; GNNPipe drops those instead and doubles the
+rest. The chunk order is shuffled every epoch (same seed on every rank) so that no chunk
+always reads stale rows: each cross-chunk dependency is fresh with probability about one half.
 
 With ``recompute`` the forward keeps only each chunk's input rows and reruns the chunk, with the
 same dropout masks, in the backward (activation recomputation): activation memory is one chunk's
@@ -53,7 +64,7 @@ from torch import Tensor
 
 from lightning_mqgnn.fullgraph.batch import PartitionBatch
 from lightning_mqgnn.fullgraph.chunks import Chunk, HistorySlots, chunk_partition, history_slots
-from lightning_mqgnn.fullgraph.history import read_history, take_arrived_gradients
+from lightning_mqgnn.fullgraph.history import backward_into_history, read_history, take_arrived_gradients
 from lightning_mqgnn.fullgraph.layout import PipelineLayout
 from lightning_mqgnn.fullgraph.nonzeros import bitmap_bytes, nonzero_mask, pack_nonzeros, unpack_nonzeros
 from lightning_mqgnn.fullgraph.stacks import Stack
@@ -115,7 +126,9 @@ class LayerPipeline:
 
     ``transport_factory(position, size, group, global_ranks)`` builds the point-to-point links;
     ``num_chunks`` chunks per partition, cut by ``chunking`` ('metis' or 'random'); ``staleness``
-    collects the ages of the history rows read (shared across pipelines when given).
+    collects the ages of the history rows read (shared across pipelines when given);
+    ``complete_gradients``: a gathering backward pass first, so that no gradient arrives a chunk's
+    turn late (module docstring).
     """
 
     def __init__(
@@ -132,6 +145,7 @@ class LayerPipeline:
         shuffle: bool = True,
         recompute: bool = True,
         staleness: Staleness | None = None,
+        complete_gradients: bool = True,
     ):
         part = batch.partition
         if part.num_parts != layout.ways:
@@ -144,6 +158,7 @@ class LayerPipeline:
         self.widths = widths
         self.num_inner = part.num_inner
         self.seed, self.shuffle, self.recompute = seed, shuffle, recompute
+        self.complete_gradients = complete_gradients
         self.chunks = chunk_partition(part, num_chunks, chunking, seed)
         send_all = torch.cat(part.send_idx) if part.send_idx else torch.empty(0, dtype=torch.int64)
         halo_rows = torch.arange(part.num_inner, part.block.num_src)
@@ -241,8 +256,29 @@ class LayerPipeline:
 
     def backward_phase(self, stack: Stack, batch: PartitionBatch) -> None:
         """Every chunk backward in the reverse order; parameter gradients accumulate in ``.grad``.
-        ``grad_history`` holds the gradients that arrived too late last epoch (and, in the hybrid,
-        those peers returned for the halo rows they read); each chunk's hook takes its rows'."""
+        With ``complete_gradients`` a gathering pass goes first (module docstring), and what the
+        gradient history holds after the backward proper is dropped; without it, the history
+        keeps the gradients that arrived too late for the next epoch's backward. In the hybrid the
+        history also holds what peers returned for the halo rows they read; each chunk's hook
+        takes its rows'."""
+        cross_chunk = len(self.chunks) > 1 or bool(self._chunk_halos)  # else no gradient comes late
+        if not (self.complete_gradients and self.history_layers() and cross_chunk):
+            self._backward_pass(stack, batch)
+            return
+        runs = list(self._runs)
+        received = self._backward_pass(stack, batch, gather=True)
+        self._runs = runs
+        self._backward_pass(stack, batch, received=received)
+        for grads in self.grad_history.values():
+            grads.zero_()
+
+    def _backward_pass(
+        self, stack: Stack, batch: PartitionBatch, gather: bool = False, received: list[Tensor] | None = None
+    ) -> list[Tensor]:
+        """One backward over the runs, in the reverse order. ``gather``: only as far as the history
+        reads, sending nothing down; returns the output gradients it received from the next stage,
+        which the backward proper is given as ``received`` instead of receiving them again."""
+        grads_in: list[Tensor] = []
         while self._runs:  # reverse order; each run is dropped as soon as its backward is done
             run = self._runs.pop()
             if self._chunk_halos:
@@ -259,15 +295,26 @@ class LayerPipeline:
                 out, loss = run.out, run.loss
             if self.last:
                 assert loss is not None
-                loss.backward()
+                top, grad = loss, None
             else:
                 assert run.sent is not None
-                grad = self._recv_values(BACKWARD, self.stage + 1, run.sent, chunk.num_rows, out.shape[1])
-                out.backward(grad)
+                grad = (
+                    received.pop(0)
+                    if received is not None
+                    else self._recv_values(BACKWARD, self.stage + 1, run.sent, chunk.num_rows, out.shape[1])
+                )
+                top = out
+            if gather:
+                backward_into_history(top, grad, run.x_in, retain_graph=not self.recompute)
+                if grad is not None:
+                    grads_in.append(grad)
+                continue
+            top.backward(grad)
             if not self.first:
                 assert run.x_in is not None and run.x_in.grad is not None
                 self._send_grads(self.stage - 1, run.x_in.grad, run.x_in)
         self._wait_sends()
+        return grads_in
 
     @torch.no_grad()
     def exact_forward(self, stack: Stack, batch: PartitionBatch, training: bool = False) -> Tensor | None:

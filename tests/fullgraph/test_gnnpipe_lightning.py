@@ -20,10 +20,10 @@ pytestmark = pytest.mark.distributed
 LAYERS = 8
 
 
-def gcnii(ds, dropout: float = 0.0) -> FullGraphNodeClassifier:
+def gcnii(ds, dropout: float = 0.0, layers: int = LAYERS) -> FullGraphNodeClassifier:
     torch.manual_seed(0)
     return FullGraphNodeClassifier(
-        ds.num_features, ds.num_classes, conv="gcnii", hidden=16, num_layers=LAYERS, dropout=dropout, lr=1e-2
+        ds.num_features, ds.num_classes, conv="gcnii", hidden=16, num_layers=layers, dropout=dropout, lr=1e-2
     )
 
 
@@ -53,19 +53,22 @@ def reports(directory) -> list[dict]:
     return [json.loads((directory / f"rank{r}.json").read_text()) for r in range(ranks.WORLD)]
 
 
-def fit(strategy, epochs: int, tmp_path, dropout: float = 0.0, **trainer_kwargs):
+def fit(strategy, epochs: int, tmp_path, dropout: float = 0.0, layers: int = LAYERS, **trainer_kwargs):
     ds = ranks.small_dataset()
-    model = gcnii(ds, dropout)
+    model = gcnii(ds, dropout, layers)
     trainer = ranks.quiet_trainer(strategy, epochs, callbacks=[Report(tmp_path)], **trainer_kwargs)
     trainer.fit(model, datamodule=FullGraphDataModule(ds, aggregation=model.aggregation))
     return model, reports(tmp_path)
 
 
-def reference_run(steps: int, stages: int = 4) -> tuple[list[float], list[torch.Tensor], list[list[int]]]:
-    """Single-process full-graph GCNII: the losses of ``steps`` Adam steps, the weights after, and
-    per step the non-zero entries of the rows that ``stages`` equal layer stages would send on."""
+def reference_run(
+    steps: int, stages: int = 4, layers: int = LAYERS
+) -> tuple[list[float], list[torch.Tensor], list[list[int]]]:
+    """Single-process full-graph GCNII of ``layers`` layers: the losses of ``steps`` Adam steps,
+    the weights after, and per step the non-zero entries of the rows that ``stages`` equal layer
+    stages would send on."""
     ds = ranks.small_dataset()
-    model = gcnii(ds)
+    model = gcnii(ds, layers=layers)
     block, _ = full_block(ds.graph, torch.arange(ds.num_nodes), *edge_weights(ds.graph, "gcn"))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     stack = model.stack
@@ -125,6 +128,27 @@ def test_first_forward_is_exact(stages, chunks, tmp_path):
     assert got[0]["losses"][0] == pytest.approx(losses[0], rel=1e-5)
     assert got[0]["losses"][1] != pytest.approx(losses[1], rel=1e-5)
     assert max(r["max_age"] for r in got) == 1
+
+
+@pytest.mark.parametrize(("stages", "layers"), [(4, 4), (2, 2)])
+def test_complete_gradients_make_the_first_step_exact(stages, layers, tmp_path):
+    """The first epoch's forward reads the warm-up's exact rows, so where a stage has one history
+    layer, every gradient taken in its chunk's turn (the gathering pass first) makes the first
+    step single-process training's: one convolution per stage, 4 stages of 4 chunks, and the
+    hybrid (2 ways x 2 stages, 2 chunks each). The paper's one backward leaves the gradients of
+    the rows read after their chunk's turn for the next epoch, so its first step differs."""
+    _, expected, _ = reference_run(1, stages, layers)
+    for complete in (True, False):
+        directory = tmp_path / str(complete)
+        directory.mkdir()
+        strategy = GNNPipeStrategy(
+            stages=stages, num_chunks=stages, complete_gradients=complete, start_method="fork"
+        )
+        model, _ = fit(strategy, 1, directory, layers=layers, limit_val_batches=0)
+        close = [
+            torch.allclose(p.detach(), w, rtol=1e-4, atol=1e-5) for p, w in zip(model.parameters(), expected)
+        ]
+        assert all(close) == complete, (complete, close)
 
 
 @pytest.mark.parametrize("stages", [4, 2])

@@ -12,7 +12,7 @@ import torch
 
 from lightning_mqgnn.fullgraph import PartitionBook, PipelineLayout, chunk_partition
 from lightning_mqgnn.fullgraph.chunks import HistorySlots, inner_graph
-from lightning_mqgnn.fullgraph.history import read_history, take_arrived_gradients
+from lightning_mqgnn.fullgraph.history import backward_into_history, read_history, take_arrived_gradients
 from lightning_mqgnn.models.gcnii import GCNIILayer, identity_mapping_strength
 
 
@@ -85,6 +85,40 @@ def test_a_chunk_takes_the_gradients_its_rows_received_once():
     assert torch.equal(h.grad, expected)
     assert torch.equal(grad_history[[1, 3]], torch.zeros(2, 3))  # taken: later arrivals wait
     assert torch.equal(grad_history[[0, 2]], torch.tensor([[0.0, 1.0, 2.0], [6.0, 7.0, 8.0]]))
+
+
+def test_a_gathering_backward_fills_the_gradient_history_and_nothing_else():
+    """``backward_into_history`` sends what the history reads and the chunk's input hand on, as a
+    full backward does, but leaves no gradient on the parameters or on the chunk's input."""
+    torch.manual_seed(0)
+    weight = torch.randn(3, 3, requires_grad=True)
+    history = torch.randn(4, 3)
+    slots = HistorySlots(
+        ext_slots=torch.tensor([0, 2]), write_pos=torch.tensor([1]), write_slots=torch.tensor([3])
+    )
+    upstream = torch.randn(2, 3)
+
+    def chunk(grad_history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x_in = torch.randn(2, 3, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        x_in.register_hook(take_arrived_gradients(grad_history, slots))
+        ext = read_history(history, grad_history, slots.ext_slots)
+        return x_in, (x_in + ext) @ weight
+
+    arrived = torch.zeros(4, 3)
+    arrived[3] = 1.0  # a gradient waiting for the chunk's row 1
+    full, gathered = arrived.clone(), arrived.clone()
+    x_in, out = chunk(full)
+    out.backward(upstream)
+    x_in2, out2 = chunk(gathered)
+    backward_into_history(out2, upstream, x_in2)
+    assert torch.equal(gathered, full)
+    assert torch.equal(gathered[3], torch.zeros(3))  # the chunk's row took what had arrived
+    assert x_in2.grad is None
+    assert weight.grad is not None  # from the full backward only
+    grad_after_full = weight.grad.clone()
+    x_in3, out3 = chunk(arrived.clone())
+    backward_into_history(out3, upstream, x_in3)
+    assert torch.equal(weight.grad, grad_after_full)
 
 
 def test_too_many_chunks_is_refused():
