@@ -44,7 +44,8 @@ exchange those chunks' rows that peers read (every history layer of the stage in
 halo rows of chunks earlier in the epoch's order are fresh, the others one epoch old, as within a
 partition. Before the chunks at a position go backward, the ways hand each other the gradients
 gathered so far for those chunks' halo rows, so that a fresh read's gradient arrives in time and
-a stale read's waits for the next epoch's turn (``ChunkHalo``).
+a stale read's waits for the chunk's turn in the backward proper (with one backward, in the next
+epoch's): the exchange runs in both passes (``ChunkHalo``).
 
 Before the first training epoch an exact forward fills the history (no stale start from zeros).
 Evaluation runs the exact forward over the whole partition, stage by stage; within a stage each
@@ -622,7 +623,7 @@ class LayerPipeline:
         peers' chunks at this position go to their ways (their rows restart at zero), and the
         gradients the peers gathered for this way's rows of chunk ``c`` come in, for its backward
         to take. A gradient of a row read stale comes after its chunk's turn and waits in the
-        buffer for the next epoch's."""
+        buffer for the chunk's turn in the backward proper (with one backward, the next epoch's)."""
         halo = self._chunk_halos[c]
         sends = []
         for slots in halo.recv:
