@@ -23,6 +23,7 @@ from lightning_mqgnn.sampling.labor import (
     LaborSampler,
     SourceIndex,
     below,
+    hash_bits,
     in_edge_candidates,
     labor_probabilities,
     labor_sample,
@@ -400,6 +401,29 @@ def test_candidate_edges_dataclass_names_rows():
     assert isinstance(cand, CandidateEdges)
     assert torch.equal(cand.src, graph.indices[pos])
     assert cand.rows.tolist() == [0] * int(cand.deg[0]) + [1] * int(cand.deg[1])
+
+
+def _fmix32_reference(seed: int, node: int) -> int:
+    """MurmurHash3's 32-bit finaliser of ``node · 0x9E3779B1 + seed + 2^31`` on Python integers,
+    as a signed 32-bit value: what ``hash_bits`` must give, written without torch."""
+    z = (node * 0x9E3779B1 + seed + (1 << 31)) & 0xFFFFFFFF
+    z ^= z >> 16
+    z = (z * 0x85EBCA6B) & 0xFFFFFFFF
+    z ^= z >> 13
+    z = (z * 0xC2B2AE35) & 0xFFFFFFFF
+    z ^= z >> 16
+    return z - (1 << 32) if z >= 1 << 31 else z
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**31 + 5, 2**62 - 3])
+def test_hash_bits_are_fmix32_of_the_scrambled_id(seed):
+    # the variates must not drift: seeded runs and the DGL-parity counts rest on them
+    ids = torch.tensor([0, 1, 2, 3, 255, 65_535, 65_536, 1_000_003, 2**31 - 1, 2**32 - 1, 2**40 + 9])
+    expect = [_fmix32_reference(seed, int(i)) for i in ids]
+    assert hash_bits(seed, ids).tolist() == expect
+    ws = Workspace()
+    for n in (ids.numel(), 3, 1):  # the workspace path, with buffers left from a longer call
+        assert hash_bits(seed, ids[:n], ws).tolist() == expect[:n]
 
 
 def test_threshold_keeps_exactly_the_sources_whose_uniform_is_at_most_the_probability():
