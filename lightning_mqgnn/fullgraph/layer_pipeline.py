@@ -56,7 +56,7 @@ partition's input and output rows only one chunk's intermediates and messages ar
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -264,24 +264,28 @@ class LayerPipeline:
         takes its rows'."""
         cross_chunk = len(self.chunks) > 1 or bool(self._chunk_halos)  # else no gradient comes late
         if not (self.complete_gradients and self.history_layers() and cross_chunk):
-            self._backward_pass(stack, batch)
+            self._backward_pass(stack, batch, self._runs)
             return
-        runs = list(self._runs)
-        received = self._backward_pass(stack, batch, gather=True)
-        self._runs = runs
-        self._backward_pass(stack, batch, received=received)
+        received = self._backward_pass(stack, batch, list(self._runs), gather=True)
+        self._backward_pass(stack, batch, self._runs, received=iter(received))
         for grads in self.grad_history.values():
             grads.zero_()
 
     def _backward_pass(
-        self, stack: Stack, batch: PartitionBatch, gather: bool = False, received: list[Tensor] | None = None
+        self,
+        stack: Stack,
+        batch: PartitionBatch,
+        runs: list[_ChunkRun],
+        gather: bool = False,
+        received: Iterator[Tensor] | None = None,
     ) -> list[Tensor]:
-        """One backward over the runs, in the reverse order. ``gather``: only as far as the history
-        reads, sending nothing down; returns the output gradients it received from the next stage,
-        which the backward proper is given as ``received`` instead of receiving them again."""
+        """One backward over ``runs``, in the reverse order, emptying the list. ``gather``: only as
+        far as the history reads, sending nothing down; returns the output gradients it received
+        from the next stage, which the backward proper is given as ``received`` (in the same
+        order) instead of receiving them again."""
         grads_in: list[Tensor] = []
-        while self._runs:  # reverse order; each run is dropped as soon as its backward is done
-            run = self._runs.pop()
+        while runs:  # reverse order; each run is dropped as soon as its backward is done
+            run = runs.pop()
             if self._chunk_halos:
                 self._exchange_halo_grads(run.chunk)
             chunk = self.chunks[run.chunk]
@@ -300,7 +304,7 @@ class LayerPipeline:
             else:
                 assert run.sent is not None
                 grad = (
-                    received.pop(0)
+                    next(received)
                     if received is not None
                     else self._recv_values(BACKWARD, self.stage + 1, run.sent, chunk.num_rows, out.shape[1])
                 )

@@ -74,8 +74,9 @@ _HALF = 1 << 31
 def hash_bits(seed: int, ids: Tensor, workspace: Workspace | None = None) -> Tensor:
     """32 random bits per vertex id as int32, the same for every occurrence of an id: fmix32 of
     ``id · golden + seed + 2^31`` (mod 2^32; the 2^31 brings the seed into int32's range). Distinct
-    ids below 2^32 get distinct hashes (both steps are bijections). In place on two buffers (a ``workspace``'s when given): the candidate edges of a
-    layer run into the millions, and a fresh tensor per step costs more than the arithmetic."""
+    ids below 2^32 get distinct hashes (both steps are bijections). In place on two buffers (a
+    ``workspace``'s when given): the candidate edges of a layer run into the millions, and a fresh
+    tensor per step costs more than the arithmetic."""
     if workspace is None:
         z = ids.to(torch.int32)
         t = torch.empty_like(z)
