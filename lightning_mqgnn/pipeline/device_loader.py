@@ -14,19 +14,16 @@ device (``rng.drawing_from``), never the default one the training thread's dropo
 CPU the batches are exactly ``SequentialLoader``'s; on a GPU they follow the same law from the
 device's own random stream (Philox), so they are other draws.
 
-Host syncs left on the sampling path: each is a wait of the producer thread for the device, not
-of the compute stream, for a value or an output size torch must know on the host. Counted per
-batch by call site with ``recipes/bench.py device_sampling`` (its census; on a GPU also CUDA's
-sync debug mode), they are, per node-wise layer on a GPU: the layer's edge total and one
-``unique`` of the new sources (on the CPU: the two ``nonzero`` splitting rows at the fan-out,
-``row_positions``' total and empty-row check, the ``Relabeler``'s mask and ``unique``, or its
-byte map's two ``nonzero`` for a graph small against the batch, and one more ``row_positions``
-for GCN's self loops); per layer-wise layer: ``row_positions`` of ``L[prev, :]``, the distinct
-draws (``_first_occurrences``), the kept entries' ``nonzero``, FastGCN's guide-table ``nonzero``
-or LADIES' ``total > 0`` check; for GNS also the cache ``version`` and the cached sub-CSR's empty
-rows; with host features the cache ``lookup``'s hit count and the copy of the input ids to the
-host. SAGE with fan-outs 15,10,5: 6 a batch on a GPU, 18 counted on the CPU (21 with the byte
-map).
+Host syncs left on the sampling path: each is a wait of the producer thread for the device, not of
+the compute stream, for a value or an output size torch must know on the host. Counted per batch by
+call site with ``recipes/bench.py device_sampling`` (its census; on a GPU also CUDA's sync debug
+mode), they are, per node-wise layer on a GPU: the layer's edge total and one ``unique`` of the new
+sources (on the CPU none: the draws and the relabelling are compiled passes, ``cpu_kernels``); per
+layer-wise layer: ``row_positions`` of ``L[prev, :]``, the distinct draws (``_first_occurrences``),
+the kept entries' ``nonzero``, FastGCN's guide-table ``nonzero`` or LADIES' ``total > 0`` check;
+for GNS also the cache ``version`` and the cached sub-CSR's empty rows; with host features the
+cache ``lookup``'s hit count and the copy of the input ids to the host. SAGE with fan-outs 15,10,5:
+6 a batch on a GPU.
 ``device_sampling`` reports the sampling and gathering time per batch they cost.
 """
 

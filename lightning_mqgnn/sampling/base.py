@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
-from lightning_mqgnn.sampling.radix_sort import sorted_distinct
+from lightning_mqgnn.sampling.cpu_kernels import relabel
 
 
 def row_positions(
@@ -98,28 +98,21 @@ class Sampler(Protocol):
     def sample(self, seeds: Tensor) -> MiniBatch: ...
 
 
-# Scanning the byte map of all nodes (8 bytes a step) costs about as much as sorting one id per
-# this many nodes
-SCAN_PER_SORTED_ID = 48
-
-
 class Relabeler:
-    """Maps global node ids to block-local ids with a reusable scratch array.
+    """Maps global node ids to block-local ids with a reusable scratch array over all nodes.
 
     Keeps the destination nodes as a prefix of the sources (for SAGE's self features) without a
-    hash map. The new sources are ordered either by a sort of them (O(m log m)) or, when the graph
-    is small against them, by flagging them in a byte map and scanning it (O(N / 8)); both give the
-    same ascending ids. On a GPU, one ``unique`` (``distinct_where``). One instance per process;
-    not thread-safe.
+    hash map; the new sources follow in ascending order. On the CPU one compiled pass
+    (``cpu_kernels.relabel``); on a GPU one ``unique`` (``distinct_where``). One instance per
+    process; not thread-safe.
     """
 
     def __init__(self, num_nodes: int):
         self.num_nodes = num_nodes
         self._slot: Tensor | None = None
-        self._flags: Tensor | None = None
 
     def __getstate__(self) -> dict:
-        return {"num_nodes": self.num_nodes, "_slot": None, "_flags": None}  # scratch is not shipped
+        return {"num_nodes": self.num_nodes, "_slot": None}  # scratch is not shipped
 
     def __call__(self, prefix: Tensor, others: Tensor) -> tuple[Tensor, Tensor]:
         """Return ``(nodes, local)``: ``nodes`` = ``prefix`` then the new ids of ``others`` in
@@ -128,37 +121,16 @@ class Relabeler:
         device = prefix.device
         if self._slot is None or self._slot.device != device:
             self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=device)
-        slot = self._slot  # index_select/index_fill_ below: 1-D fancy indexing is much slower
+        slot = self._slot
+        if not others.is_cuda:
+            return relabel(prefix.contiguous(), others.contiguous(), slot)
         slot.index_copy_(0, prefix, torch.arange(prefix.numel(), device=device))
-        if not others.is_cuda and self.num_nodes <= SCAN_PER_SORTED_ID * others.numel():
-            new = self._scan_new(others, prefix)
-        else:
-            is_new = slot.index_select(0, others) < 0
-            new = (
-                distinct_where(others, is_new, self.num_nodes)
-                if others.is_cuda
-                else sorted_distinct(others[is_new])
-            )
+        new = distinct_where(others, slot.index_select(0, others) < 0, self.num_nodes)
         slot.index_copy_(0, new, torch.arange(prefix.numel(), prefix.numel() + new.numel(), device=device))
         local = slot.index_select(0, others)
         nodes = torch.cat([prefix, new])
         slot.index_fill_(0, nodes, -1)  # leave the scratch clean for the next call
         return nodes, local
-
-    def _scan_new(self, others: Tensor, prefix: Tensor) -> Tensor:
-        """The distinct ``others`` not in ``prefix``, ascending, without a sort: flag ``others`` in
-        a byte map of all nodes and unflag ``prefix``, find the 8-byte words holding a flag, then
-        the flags inside those words (the map is cleared again)."""
-        if self._flags is None:
-            self._flags = torch.zeros(-(-self.num_nodes // 8) * 8, dtype=torch.uint8)
-        flags = self._flags
-        flags.index_fill_(0, others, 1)
-        flags.index_fill_(0, prefix, 0)
-        words = torch.nonzero(flags.view(torch.int64)).squeeze(1)
-        within = torch.nonzero(flags.view(-1, 8).index_select(0, words).view(-1)).squeeze(1)
-        distinct = words.index_select(0, within.bitwise_right_shift(3)).mul_(8).add_(within.bitwise_and(7))
-        flags.index_fill_(0, distinct, 0)
-        return distinct
 
 
 def sample_top_down(

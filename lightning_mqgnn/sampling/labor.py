@@ -47,6 +47,7 @@ from torch import Tensor
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.base import Relabeler, Workspace, row_positions, sample_top_down
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
+from lightning_mqgnn.sampling.cpu_kernels import importance_probabilities, labor0_kept
 from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm, row_mass
 from lightning_mqgnn.sampling.neighbor import NORMALIZATIONS, block_normalization, sampled_block
 from lightning_mqgnn.sampling.rng import sampling_generator
@@ -182,11 +183,15 @@ class SourceIndex:
     def __getstate__(self) -> dict:
         return {"num_nodes": self.num_nodes, "_slot": None}
 
+    def scratch(self, device: torch.device) -> Tensor:
+        """The int64 scratch over all nodes on ``device``, -1 everywhere."""
+        if self._slot is None or self._slot.device != device:
+            self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=device)
+        return self._slot
+
     def __call__(self, ids: Tensor) -> tuple[int, Tensor]:
         """``(U, local)``: the number of distinct ``ids`` and each entry's number among them."""
-        if self._slot is None or self._slot.device != ids.device:
-            self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=ids.device)
-        slot = self._slot
+        slot = self.scratch(ids.device)
         slot.index_fill_(0, ids, 0)
         distinct = torch.nonzero(slot == 0).squeeze(1)
         slot.index_copy_(0, distinct, torch.arange(distinct.numel(), device=ids.device))
@@ -231,13 +236,30 @@ def labor_probabilities(
     the fixed-point iteration (0: LABOR-0, -1: until converged, see the module docstring)."""
     if fanout < 0:
         return torch.ones(cand.src.numel(), dtype=torch.float64, device=cand.src.device)
+    if importance_sampling == 0:
+        return labor0_probability(cand.deg, fanout).index_select(0, cand.rows)
+    rounds = MAX_ROUNDS if importance_sampling < 0 else importance_sampling
+    if not cand.src.is_cuda:
+        return importance_probabilities(
+            cand.src,
+            cand.counts,
+            fanout,
+            rounds,
+            index.scratch(cand.src.device),
+            (TOLERANCE, C_ITERATIONS, CLIP_SLACK),
+        )
+    return importance_probabilities_vectorised(cand, fanout, rounds, index)
+
+
+def importance_probabilities_vectorised(
+    cand: CandidateEdges, fanout: int, rounds: int, index: SourceIndex
+) -> Tensor:
+    """``labor_probabilities`` after ``rounds`` rounds, each pass a vectorised operation over all
+    candidates: the GPU's form (the CPU runs ``cpu_kernels.importance_probabilities``)."""
     k = cand.deg.clamp(max=float(fanout))
     c = torch.where(cand.deg > 0, k / cand.deg.clamp(min=1.0), 0.0)  # LABOR-0: k / d_s
-    if importance_sampling == 0:
-        return c.index_select(0, cand.rows).clamp_(max=1.0)
     num_sources, local = index(cand.src)
     pi = torch.ones(num_sources, dtype=torch.float64, device=cand.src.device)
-    rounds = MAX_ROUNDS if importance_sampling < 0 else importance_sampling
     expected_prev = float("inf")
     c_edge = c.index_select(0, cand.rows)
     for _ in range(rounds):
@@ -267,13 +289,18 @@ def labor_sample(
         keep = torch.arange(cand.src.numel(), device=cand.src.device)
         return keep, cand.rows, torch.ones(keep.numel(), dtype=torch.float64, device=keep.device)
     if importance_sampling == 0:
-        p_row = (cand.deg.clamp(max=float(fanout)) / cand.deg.clamp(min=1.0)).clamp_(max=1.0)
+        p_row = labor0_probability(cand.deg, fanout)
         keep = below(seed, cand.src, cand.per_edge(threshold(p_row), workspace), workspace)
         rows = cand.rows_at(keep)
         return keep, rows, p_row.index_select(0, rows)
     prob = labor_probabilities(cand, fanout, importance_sampling, index)
     keep = below(seed, cand.src, threshold(prob), workspace)
     return keep, cand.rows_at(keep), prob.index_select(0, keep)
+
+
+def labor0_probability(deg: Tensor, fanout: int) -> Tensor:
+    """LABOR-0's ``π_ts = min(1, k / d_s)`` per row (float64 ``deg``; all kept when ``d_s <= k``)."""
+    return (deg.clamp(max=float(fanout)) / deg.clamp(min=1.0)).clamp_(max=1.0)
 
 
 def in_edge_candidates(
@@ -356,13 +383,21 @@ class LaborSampler:
 
     def _sample_layer(self, dst: Tensor, fanout: int, seed: int | None = None) -> tuple[Block, Tensor]:
         """One layer's block; ``seed`` the hash seed of its variates (a fresh one when None)."""
-        cand, _ = in_edge_candidates(self.graph, dst, self._workspace)
         seed = draw_layer_seed() if seed is None else seed
-        keep, rows, prob = labor_sample(
-            cand, fanout, self.importance_sampling, self._sources, seed, self._workspace
-        )
-        src = cand.src.index_select(0, keep)
-        counts = torch.bincount(rows, minlength=dst.numel())
+        g = self.graph
+        if self.importance_sampling == 0 and fanout > 0 and not dst.is_cuda:
+            src, counts = labor0_kept(g.indptr, g.indices, dst.contiguous(), fanout, seed)
+            deg = (g.indptr.index_select(0, dst + 1) - g.indptr.index_select(0, dst)).to(torch.float64)
+            rows = torch.repeat_interleave(torch.arange(dst.numel()), counts, output_size=src.numel())
+            prob = labor0_probability(deg, fanout).index_select(0, rows)
+        else:
+            cand, _ = in_edge_candidates(g, dst, self._workspace)
+            keep, rows, prob = labor_sample(
+                cand, fanout, self.importance_sampling, self._sources, seed, self._workspace
+            )
+            src = cand.src.index_select(0, keep)
+            counts = torch.bincount(rows, minlength=dst.numel())
+            deg = cand.deg
         src_nodes, local = self._relabel(dst, src)
         if self.normalization == "block":
             inv = 1.0 / prob
@@ -386,7 +421,7 @@ class LaborSampler:
             w = (1.0 / counts.clamp(min=1).to(torch.float64)).index_select(0, rows)
             return sampled_block(src_nodes.numel(), counts, local, w), src_nodes
         if self.aggregation == "mean":
-            exact = 1.0 / cand.deg.index_select(0, rows)  # P_st of the neighbour mean
+            exact = 1.0 / deg.index_select(0, rows)  # P_st of the neighbour mean
             self_weights = None
         else:
             norm = self._norm

@@ -1,8 +1,9 @@
 """Node-wise uniform neighbour sampling for GCN and GraphSAGE (paper eq. 1-3, 17).
 
-Vectorised over the whole frontier: with replacement each draw is ``indptr[v] + floor(u * deg)``;
+With replacement each draw is ``indptr[v] + floor(u * deg)``, vectorised over the frontier;
 without replacement a row with at most ``k`` edges keeps them all and every other row draws a
-uniform ``k``-subset of its edges by Floyd's algorithm (``k`` vectorised steps, no sort).
+uniform ``k``-subset of its edges by Floyd's algorithm: on the CPU in one compiled pass over the
+rows (``cpu_kernels.floyd_positions``), on a GPU in ``k`` vectorised steps (no sort).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from torch import Tensor
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.base import Relabeler, row_positions, sample_top_down
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
+from lightning_mqgnn.sampling.cpu_kernels import floyd_positions
 from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm
 from lightning_mqgnn.sampling.rng import sampling_generator
 
@@ -22,6 +24,8 @@ def sample_neighbor_edges(
 ) -> tuple[Tensor, Tensor]:
     """Draw up to ``fanout`` in-edges per node. Returns ``(counts, edge_pos)``: edges drawn per
     node and their CSR positions, grouped by node in input order. ``fanout < 0`` takes all."""
+    if fanout > 0 and not replace and not nodes.is_cuda:
+        return floyd_positions(graph.indptr, nodes.contiguous(), fanout, sampling_generator())
     starts = graph.indptr.index_select(0, nodes)
     deg = graph.indptr.index_select(0, nodes + 1) - starts
     device = starts.device
@@ -35,29 +39,12 @@ def sample_neighbor_edges(
         offset = (u * deg.index_select(0, rows)).long()
         return counts, starts.index_select(0, rows) + offset
     counts = deg.clamp(max=fanout)
-    if starts.is_cuda:
-        return counts, subset_positions_padded(starts, deg, counts, fanout)
-    out_start = torch.cumsum(counts, 0) - counts
-    # rows with at most `fanout` edges keep them all: their positions, moved to the rows' places
-    # in the output (same offsets within a row, so a shift per row)
-    full = torch.nonzero(deg <= fanout).squeeze(1)
-    part = torch.nonzero(deg > fanout).squeeze(1)
-    fdeg = deg.index_select(0, full)
-    kept = row_positions(starts.index_select(0, full), fdeg)
-    shift = (out_start - starts).index_select(0, full)
-    out = torch.empty(kept.numel() + fanout * part.numel(), dtype=torch.int64, device=device)
-    out.index_copy_(0, kept + torch.repeat_interleave(shift, fdeg, output_size=kept.numel()), kept)
-    # the others: a uniform `fanout`-subset of their offsets, O(fanout) per row whatever the degree
-    offsets = uniform_subsets(deg.index_select(0, part), fanout)
-    slots = out_start.index_select(0, part).unsqueeze(1) + torch.arange(fanout, device=device)
-    out.index_copy_(0, slots.reshape(-1), (starts.index_select(0, part).unsqueeze(1) + offsets).reshape(-1))
-    return counts, out
+    return counts, subset_positions_padded(starts, deg, counts, fanout)
 
 
 def subset_positions_padded(starts: Tensor, deg: Tensor, counts: Tensor, k: int) -> Tensor:
-    """``sample_neighbor_edges`` without replacement as a GPU wants it: one host read (the total)
-    instead of the CPU path's three (two ``nonzero`` splitting the rows at the fan-out, and the
-    kept rows' total). Every row is laid out as ``k`` slots: a row with at most ``k`` edges takes
+    """``sample_neighbor_edges`` without replacement as a GPU wants it: one host read (the total).
+    Every row is laid out as ``k`` slots: a row with at most ``k`` edges takes
     offsets ``0 .. deg - 1``, every other row a uniform ``k``-subset of its offsets (Floyd's, drawn
     for all rows); slots past a row's count are written to one spare entry past the end, which is
     dropped. Same law as the CPU path, other draws."""

@@ -2,8 +2,8 @@
 
 On the CPU torch sorts a tensor of fewer than 32,768 entries (its parallel grain) with a comparison
 sort and a longer integer tensor with a radix sort, so a mid-sized id array sorts several times
-slower than one twice its size; ``torch.unique`` of such an array is as slow. Both functions here
-pad an array in that range past the threshold with ids that sort after all others. Keys known to
+slower than one twice its size. ``stable_argsort`` pads an array in that range past the threshold
+with ids that sort after all others. Keys known to
 lie below 2^16 (a block's local ids) take numpy's stable sort of 16-bit integers, a radix sort
 whose cost is linear in the keys (BENCHMARKS.md measures what it saves a batch).
 """
@@ -40,15 +40,3 @@ def stable_argsort(keys: Tensor, bound: int | None = None) -> Tensor:
     if padded is None:
         return torch.sort(keys, stable=True).indices
     return torch.sort(padded, stable=True).indices[: keys.numel()]
-
-
-def sorted_distinct(ids: Tensor) -> Tensor:
-    """``torch.unique(ids)``: the distinct values of the 1-D integer ``ids``, ascending."""
-    padded = _padded(ids)
-    if padded is None:
-        return torch.unique(ids)
-    values = torch.sort(padded).values[: ids.numel()]
-    first = torch.empty(values.numel(), dtype=torch.bool)
-    first[0] = True
-    torch.ne(values[1:], values[:-1], out=first[1:])
-    return values[first]

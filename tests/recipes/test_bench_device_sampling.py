@@ -36,8 +36,9 @@ def test_device_sampling_benchmark_smoke_runs(tmp_path):
         "sage_gns 5,5",
     }
     assert not any("failed" in r["site"] for r in syncs)
-    # on the CPU and a graph this small against a batch, the new sources are ordered through the
-    # byte map: its two nonzero once per layer, no unique
-    distinct = [r for r in syncs if r["sampler"] == "sage 15,10,5" and "_scan_new" in r["site"]]
-    assert [(r["op"], r["per_batch"]) for r in distinct] == [("nonzero", 3.0), ("nonzero", 3.0)]
-    assert not any(r["op"] == "unique" for r in syncs if r["sampler"] == "sage 15,10,5")
+    # on the CPU the node-wise draws and the relabelling are compiled passes: no host sync left
+    # in them (the vectorised forms count a nonzero or unique per layer in each)
+    sage = [r for r in syncs if r["sampler"] == "sage 15,10,5"]
+    assert not any(
+        name in r["site"] for r in sage for name in ("sample_neighbor_edges", "Relabeler", "__call__")
+    ), sage

@@ -1,9 +1,9 @@
-"""stable_argsort and sorted_distinct equal torch's stable sort and unique, padded or not."""
+"""stable_argsort equals torch's stable sort, padded or not."""
 
 import pytest
 import torch
 
-from lightning_mqgnn.sampling.radix_sort import PAD_FROM, RADIX_SORT_MIN, sorted_distinct, stable_argsort
+from lightning_mqgnn.sampling.radix_sort import PAD_FROM, RADIX_SORT_MIN, stable_argsort
 
 
 @pytest.mark.parametrize("n", [0, 1, 100, PAD_FROM - 1, PAD_FROM, 20_000, RADIX_SORT_MIN - 1, RADIX_SORT_MIN])
@@ -33,12 +33,3 @@ def test_keys_equal_to_the_pad_value_still_sort_before_the_padding():
     order = stable_argsort(keys)
     assert order.max() < keys.numel()
     assert torch.equal(order, torch.sort(keys, stable=True).indices)
-
-
-@pytest.mark.parametrize("n", [0, 1, 100, PAD_FROM, 20_000, RADIX_SORT_MIN - 1, RADIX_SORT_MIN])
-def test_sorted_distinct_equals_unique_at_every_length(n):
-    g = torch.Generator().manual_seed(n)
-    ids = torch.randint(0, max(1, n // 3), (n,), generator=g)  # many repeats
-    assert torch.equal(sorted_distinct(ids), torch.unique(ids))
-    top = torch.full((PAD_FROM,), torch.iinfo(torch.int64).max)  # the pad value itself, repeated
-    assert torch.equal(sorted_distinct(top), top[:1])

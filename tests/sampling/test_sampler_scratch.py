@@ -1,15 +1,16 @@
-"""The samplers' reusable scratch: the relabelling's two ways of ordering new sources, the
+"""The samplers' reusable scratch: the relabelling's two ways of ordering new sources (a scan of
+its scratch array, a sort), the
 workspace buffers, and positions written into them agree with the allocating forms."""
 
 import pytest
 import torch
 
-import lightning_mqgnn.sampling.base as base
+import lightning_mqgnn.sampling.cpu_kernels as cpu_kernels
 from lightning_mqgnn.sampling.base import Relabeler, Workspace, row_positions, row_positions_by_repeat
 
 
 @pytest.mark.parametrize("num_nodes", [1, 7, 8, 9, 1000, 4099])
-def test_relabel_orders_new_sources_alike_by_byte_map_and_by_sort(num_nodes, monkeypatch):
+def test_relabel_orders_new_sources_alike_by_scan_and_by_sort(num_nodes, monkeypatch):
     g = torch.Generator().manual_seed(num_nodes)
     relabel = Relabeler(num_nodes)
     for _ in range(20):
@@ -19,10 +20,10 @@ def test_relabel_orders_new_sources_alike_by_byte_map_and_by_sort(num_nodes, mon
         others = torch.randint(
             0, num_nodes, (int(torch.randint(0, 3 * num_nodes, (1,), generator=g)),), generator=g
         )
-        others[:1] = num_nodes - 1  # the last node: the byte map is padded past it
+        others[:1] = num_nodes - 1  # the last node: the scan's last step
         results = []
         for ratio in (0, 10**9):  # always sort, always scan
-            monkeypatch.setattr(base, "SCAN_PER_SORTED_ID", ratio)
+            monkeypatch.setattr(cpu_kernels, "SCAN_PER_SORTED_ID", ratio)
             results.append(relabel(prefix, others))
         (nodes_a, local_a), (nodes_b, local_b) = results
         assert torch.equal(nodes_a, nodes_b) and torch.equal(local_a, local_b)
@@ -30,7 +31,6 @@ def test_relabel_orders_new_sources_alike_by_byte_map_and_by_sort(num_nodes, mon
         assert torch.equal(new, torch.unique(others[~torch.isin(others, prefix)]))
         assert torch.equal(nodes_a[local_a], others)
         assert bool((relabel._slot == -1).all())  # the scratch is left clean
-        assert relabel._flags is None or int(relabel._flags.sum()) == 0
 
 
 def test_workspace_reuses_and_grows_its_buffers():
