@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from lightning_mqgnn.sampling import cpu_kernels
 from lightning_mqgnn.sampling.radix_sort import stable_argsort
 
 Transpose = tuple[Tensor, Tensor, Tensor]  # CSC of A: (src_indptr, src_rows, src_weights)
@@ -55,7 +56,9 @@ def row_sum(indices: Tensor, h: Tensor, offsets: Tensor, weights: Tensor) -> Ten
 def transpose_of(indptr: Tensor, indices: Tensor, weights: Tensor, num_src: int) -> Transpose:
     """The CSC of ``A``: the edges ordered by source (one stable sort: each source's edges keep
     their row order), each with its destination row and weight, and where each source's edges
-    start."""
+    start. On the CPU a compiled counting sort (``cpu_kernels.transpose``), the same order."""
+    if not indices.is_cuda and weights.dtype == torch.float32:
+        return cpu_kernels.transpose(indptr, indices, weights, num_src)
     counts = indptr[1:] - indptr[:-1]
     dst = torch.repeat_interleave(
         torch.arange(counts.numel(), device=counts.device), counts, output_size=indices.numel()

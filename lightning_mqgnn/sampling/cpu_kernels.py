@@ -294,3 +294,38 @@ def importance_probabilities(
         src.numpy(), counts.numpy(), fanout, rounds, slot.numpy(), tolerance, c_iterations, clip_slack
     )
     return torch.from_numpy(prob)
+
+
+@njit(
+    "Tuple((int64[::1], int64[::1], float32[::1]))(int64[::1], int64[::1], float32[::1], int64)",
+    nogil=True,
+    cache=True,
+)
+def _transpose(indptr, indices, weights, num_src):
+    """The CSC of a block by a counting sort of its entries by source: each source's entries keep
+    their row order (what a stable sort gives), each with its row and weight."""
+    src_indptr = np.zeros(num_src + 1, np.int64)
+    for u in indices:
+        src_indptr[u + 1] += 1
+    for u in range(num_src):
+        src_indptr[u + 1] += src_indptr[u]
+    fill = src_indptr[:-1].copy()
+    rows = np.empty(indices.size, np.int64)
+    src_weights = np.empty(indices.size, np.float32)
+    for r in range(indptr.size - 1):
+        for e in range(indptr[r], indptr[r + 1]):
+            at = fill[indices[e]]
+            rows[at] = r
+            src_weights[at] = weights[e]
+            fill[indices[e]] = at + 1
+    return src_indptr, rows, src_weights
+
+
+def transpose(
+    indptr: Tensor, indices: Tensor, weights: Tensor, num_src: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(src_indptr, src_rows, src_weights)`` of ``_transpose`` on CPU tensors (float32 weights)."""
+    out = _transpose(
+        indptr.contiguous().numpy(), indices.contiguous().numpy(), weights.contiguous().numpy(), num_src
+    )
+    return tuple(torch.from_numpy(a) for a in out)

@@ -11,6 +11,7 @@ from helpers.graphs import random_graph
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling import cpu_kernels
+from lightning_mqgnn.sampling.aggregate import transpose_of
 from lightning_mqgnn.sampling.labor import (
     C_ITERATIONS,
     CLIP_SLACK,
@@ -124,3 +125,18 @@ def test_importance_probabilities_row_by_row_equal_the_vectorised_fixed_point(ro
         )
         assert bool((expect < 1).any()) and torch.allclose(got, expect, rtol=1e-12, atol=0)
         assert bool((index.scratch(cand.src.device) == -1).all())
+
+
+def test_transpose_by_counting_sort_equals_the_stable_sort():
+    # the block's CSC: entries by source, each source's entries in row order (float64 weights
+    # take the vectorised stable sort)
+    g = torch.Generator().manual_seed(4)
+    for rows, num_src in ((1, 1), (50, 7), (300, 2000)):
+        counts = torch.randint(0, 9, (rows,), generator=g)
+        indptr = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        indices = torch.randint(0, num_src, (int(indptr[-1]),), generator=g)
+        weights = torch.rand(indices.numel(), generator=g, dtype=torch.float64)
+        expect = transpose_of(indptr, indices, weights, num_src)
+        got = cpu_kernels.transpose(indptr, indices, weights.float(), num_src)
+        assert torch.equal(got[0], expect[0]) and torch.equal(got[1], expect[1])
+        assert torch.equal(got[2], expect[2].float())
