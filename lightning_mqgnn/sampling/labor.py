@@ -8,7 +8,9 @@ needed by many rows is either taken for all of them or for none, and the number 
 sources drops while every row alone behaves as under node-wise sampling. ``r_t`` comes from a
 counter-based hash of ``(layer seed, t)`` (MurmurHash3's 32-bit finaliser), the layer seed from
 torch's global generator: no sort or unique over the candidates is needed to share the draws,
-and a seeded process samples the same blocks.
+and a seeded process samples the same blocks. On the CPU a layer runs as compiled loops
+(``cpu_kernels``: LABOR-0's kept edges in one pass, LABOR-*'s fixed point row by row); the
+vectorised functions here are the GPU's form, and the tests' reference for the loops.
 
 Probabilities (equation numbers of the paper's arXiv version, arXiv:2210.13339).
 - LABOR-0: ``π_t = 1``, ``c_s = k / d_s``: ``k`` sampled neighbours per destination in
@@ -240,15 +242,18 @@ def labor_probabilities(
         return labor0_probability(cand.deg, fanout).index_select(0, cand.rows)
     rounds = MAX_ROUNDS if importance_sampling < 0 else importance_sampling
     if not cand.src.is_cuda:
-        return importance_probabilities(
-            cand.src,
-            cand.counts,
-            fanout,
-            rounds,
-            index.scratch(cand.src.device),
-            (TOLERANCE, C_ITERATIONS, CLIP_SLACK),
-        )
+        return importance_probabilities_compiled(cand, fanout, rounds, index)
     return importance_probabilities_vectorised(cand, fanout, rounds, index)
+
+
+def importance_probabilities_compiled(
+    cand: CandidateEdges, fanout: int, rounds: int, index: SourceIndex
+) -> Tensor:
+    """``labor_probabilities`` after ``rounds`` rounds, row by row in compiled loops: the CPU's
+    form (``cpu_kernels.importance_probabilities``)."""
+    scratch = index.scratch(cand.src.device)
+    constants = (TOLERANCE, C_ITERATIONS, CLIP_SLACK)
+    return importance_probabilities(cand.src, cand.counts, fanout, rounds, scratch, constants)
 
 
 def importance_probabilities_vectorised(

@@ -13,11 +13,9 @@ from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling import cpu_kernels
 from lightning_mqgnn.sampling.aggregate import transpose_of
 from lightning_mqgnn.sampling.labor import (
-    C_ITERATIONS,
-    CLIP_SLACK,
     MAX_ROUNDS,
-    TOLERANCE,
     SourceIndex,
+    importance_probabilities_compiled,
     importance_probabilities_vectorised,
     in_edge_candidates,
     labor_sample,
@@ -115,14 +113,7 @@ def test_importance_probabilities_row_by_row_equal_the_vectorised_fixed_point(ro
         nodes = torch.cat([torch.arange(0, 300, 2), torch.tensor([299])])
         cand, _ = in_edge_candidates(graph, nodes)
         expect = importance_probabilities_vectorised(cand, fanout, rounds, index)
-        got = cpu_kernels.importance_probabilities(
-            cand.src,
-            cand.counts,
-            fanout,
-            rounds,
-            index.scratch(cand.src.device),
-            (TOLERANCE, C_ITERATIONS, CLIP_SLACK),
-        )
+        got = importance_probabilities_compiled(cand, fanout, rounds, index)
         assert bool((expect < 1).any()) and torch.allclose(got, expect, rtol=1e-12, atol=0)
         assert bool((index.scratch(cand.src.device) == -1).all())
 
