@@ -98,7 +98,25 @@ class Sampler(Protocol):
     def sample(self, seeds: Tensor) -> MiniBatch: ...
 
 
-class Relabeler:
+class NodeScratch:
+    """An int64 scratch array over all nodes, -1 between uses, made on first use on the device that
+    asks for it. Not pickled: each process makes its own."""
+
+    def __init__(self, num_nodes: int):
+        self.num_nodes = num_nodes
+        self._slot: Tensor | None = None
+
+    def __getstate__(self) -> dict:
+        return {"num_nodes": self.num_nodes, "_slot": None}
+
+    def scratch(self, device: torch.device) -> Tensor:
+        """The scratch array on ``device``, -1 everywhere."""
+        if self._slot is None or self._slot.device != device:
+            self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=device)
+        return self._slot
+
+
+class Relabeler(NodeScratch):
     """Maps global node ids to block-local ids with a reusable scratch array over all nodes.
 
     Keeps the destination nodes as a prefix of the sources (for SAGE's self features) without a
@@ -107,21 +125,12 @@ class Relabeler:
     process; not thread-safe.
     """
 
-    def __init__(self, num_nodes: int):
-        self.num_nodes = num_nodes
-        self._slot: Tensor | None = None
-
-    def __getstate__(self) -> dict:
-        return {"num_nodes": self.num_nodes, "_slot": None}  # scratch is not shipped
-
     def __call__(self, prefix: Tensor, others: Tensor) -> tuple[Tensor, Tensor]:
         """Return ``(nodes, local)``: ``nodes`` = ``prefix`` then the new ids of ``others`` in
         ascending order, and ``local`` = the position of every entry of ``others`` in ``nodes``.
         ``prefix`` must hold distinct ids."""
         device = prefix.device
-        if self._slot is None or self._slot.device != device:
-            self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=device)
-        slot = self._slot
+        slot = self.scratch(device)
         if not others.is_cuda:
             return relabel(prefix.contiguous(), others.contiguous(), slot)
         slot.index_copy_(0, prefix, torch.arange(prefix.numel(), device=device))

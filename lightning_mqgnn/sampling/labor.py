@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
-from lightning_mqgnn.sampling.base import Relabeler, Workspace, row_positions, sample_top_down
+from lightning_mqgnn.sampling.base import NodeScratch, Relabeler, Workspace, row_positions, sample_top_down
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.cpu_kernels import importance_probabilities, labor0_kept
 from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm, row_mass
@@ -173,23 +173,10 @@ class CandidateEdges:
         return self.rows.index_select(0, positions)
 
 
-class SourceIndex:
+class SourceIndex(NodeScratch):
     """Numbers the distinct sources of a layer's candidates ``0..U-1`` through an int64 scratch
     array over all nodes (kept at -1 between calls): O(N) once per layer, no sort, so every
     fixed-point round works on U-sized arrays. One per process; the scratch is not pickled."""
-
-    def __init__(self, num_nodes: int):
-        self.num_nodes = num_nodes
-        self._slot: Tensor | None = None
-
-    def __getstate__(self) -> dict:
-        return {"num_nodes": self.num_nodes, "_slot": None}
-
-    def scratch(self, device: torch.device) -> Tensor:
-        """The int64 scratch over all nodes on ``device``, -1 everywhere."""
-        if self._slot is None or self._slot.device != device:
-            self._slot = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=device)
-        return self._slot
 
     def __call__(self, ids: Tensor) -> tuple[int, Tensor]:
         """``(U, local)``: the number of distinct ``ids`` and each entry's number among them."""
