@@ -1,59 +1,161 @@
-"""ReLU then dropout as one autograd step, with a CPU mask made of as few random bits as the rate needs.
+"""ReLU then dropout as one autograd step, with a CPU mask made of as few random bits as the rate
+needs and, in float32, applied in the same pass as the ReLU.
 
-torch's CPU dropout draws one Bernoulli variate per element (``bernoulli_``), and even 16 random
-bits per element from the Mersenne twister cost as much as a third of a SAGE step's GEMMs. A rate
-``p = k / 2^b`` with ``b`` in {1, 2, 4} (0.5, 0.25, 0.75, 0.125, ...) needs only ``b`` bits per
-element: random bytes are expanded through a 256-row table whose row ``v`` holds the ``8 / b``
-mask values that byte ``v`` encodes, one gather for the whole mask. Other rates use 16 bits per
-element, i.e. ``p`` rounded to a multiple of 2^-16. Kept entries are scaled by the exact
-``1 / (1 - p_used)``, so the layer stays unbiased (in bfloat16 or float16, as under
-``precision="bf16-mixed"``, the scale as that dtype holds it: exact where it is a power of two,
-as for p = 0.5 or 0.75, rounded otherwise, e.g. 4/3 for p = 0.25). On CUDA, whose RNG is fast, it is
-``F.dropout(F.relu(h))``.
+torch's CPU dropout draws one Bernoulli variate per element (``bernoulli_``) from the Mersenne
+twister and writes a full-size mask that a product and a clamp then read: at 16 random bits an
+element the twister's draws alone took longer than the layer's GEMM. Here the random bits are
+SplitMix64 words (one 64-bit seed drawn from the caller's torch generator per mask, so
+``torch.manual_seed`` reproduces it). A rate ``p = k / 2^b`` with ``b`` in {1, 2} (0.5, 0.25,
+0.75) takes ``b`` bits per element; other rates take 16 bits, i.e. ``p`` rounded to a multiple of
+2^-16. Element ``i`` reads bits ``i b .. i b + b - 1`` of the word stream (little-endian) and is
+kept where that lane is at least the dropped levels (16-bit lanes read as signed, against the
+dropped levels less 2^15). Kept entries are scaled by the exact ``1 / (1 - p_used)``, so the
+layer stays unbiased.
 
-ReLU and the mask share one autograd node: ``relu(h) * m == max(h * m, 0)`` because ``m >= 0``, so
-forward is one product and an in-place clamp. Every kept entry has the same scale ``s``, and an
-output is positive exactly where the entry was kept and ``h > 0``, so the gradient ``m * g`` on
-those entries is ``s * g`` where the output is positive: backward reads the output only, and the
-mask is done with as soon as forward is. A module writes its masks into one buffer it reuses
-(``MaskBuffer``), and in place (``ReLUDropout(inplace=True)``) it also scales the incoming gradient
-where it lies: an activation-sized tensor freshly allocated every step costs several times the
-arithmetic that fills it.
+In float32 a compiled loop writes ``max(h * m, 0)`` straight from the words, one pass over ``h``
+with no mask tensor. In bfloat16 or float16 (``precision="bf16-mixed"``) the words are expanded
+into a mask of that dtype (a 256-row table whose row ``v`` holds the ``8 / b`` mask values byte
+``v`` encodes), the same mask, with the scale as that dtype holds it (exact where it is a power of
+two, as for p = 0.5 or 0.75, rounded otherwise, e.g. 4/3 for p = 0.25). On CUDA, whose RNG is
+fast, it is ``F.dropout(F.relu(h))``.
+
+ReLU and the mask share one autograd node: ``relu(h) * m == max(h * m, 0)`` because ``m >= 0``.
+Every kept entry has the same scale ``s``, and an output is positive exactly where the entry was
+kept and ``h > 0``, so the gradient ``m * g`` on those entries is ``s * g`` where the output is
+positive: backward reads the output only, and the mask is done with as soon as forward is. In
+place (``ReLUDropout(inplace=True)``) the output is written over ``h`` and the incoming gradient
+is scaled where it lies: an activation-sized tensor freshly allocated every step costs several
+times the arithmetic that fills it.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
+import numpy as np
 import torch
+from numba import njit
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torch.profiler import record_function
 
 _LEVELS = 1 << 16
-_TABLE_BITS = (1, 2, 4)
+_FEW_BITS = (1, 2)
+
+# SplitMix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014):
+# the golden-ratio increment and the variant-13 mixing constants of its finaliser
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+@njit(inline="always")
+def _splitmix64(z):
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit("void(uint64[::1], uint64)", nogil=True, cache=True)
+def _fill_words(out, seed):
+    """Word ``i`` of the stream started at ``seed``: ``mix(seed + (i + 1) gamma)``."""
+    for i in range(out.size):
+        out[i] = _splitmix64(seed + np.uint64(i + 1) * _GAMMA)
 
 
 def quantised_drop_probability(p: float) -> float:
     """The probability the CPU mask really uses: ``p`` rounded to a multiple of 2^-16 (exact for
-    the rates of the table path)."""
+    the rates of 1 or 2 bits)."""
     return round(p * _LEVELS) / _LEVELS
 
 
 def mask_bits(p: float) -> int:
-    """Random bits per element the CPU mask of rate ``p`` takes: 1, 2 or 4 where ``p * 2^b`` is an
+    """Random bits per element the CPU mask of rate ``p`` takes: 1 or 2 where ``p * 2^b`` is an
     integer, else 16."""
-    for bits in _TABLE_BITS:
+    for bits in _FEW_BITS:
         if (p * (1 << bits)).is_integer():
             return bits
     return 16
 
 
-def _random_words(num_bytes: int, generator: torch.Generator | None) -> Tensor:
-    """``num_bytes`` (rounded up to 8) uniform random bytes, from 64-bit draws over the full range."""
-    draws = torch.empty((num_bytes + 7) // 8, dtype=torch.int64)
-    draws.random_(-(2**63), None, generator=generator)  # [-2^63, 2^63 - 1]: every bit uniform
-    return draws.view(torch.uint8)
+def _dropped_levels(p: float, bits: int) -> int:
+    """Lanes of ``bits`` bits below this value are dropped."""
+    return round(p * (1 << bits))
+
+
+def random_words(num_elements: int, bits: int, generator: torch.Generator | None = None) -> Tensor:
+    """The int64 words holding ``bits`` random bits for each of ``num_elements`` elements: one
+    SplitMix64 stream from a seed drawn from ``generator``."""
+    seed = torch.empty((), dtype=torch.int64).random_(-(2**63), None, generator=generator)
+    words = torch.empty((num_elements * bits + 63) // 64, dtype=torch.int64)
+    _fill_words(words.numpy().view(np.uint64), np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF))
+    return words
+
+
+@njit("void(float32[::1], uint32[::1], float32)", nogil=True, cache=True)
+def _relu_keep_bits_(h, keep, scale):
+    """``h = max(h * m, 0)`` in place, ``m`` = ``scale`` where bit ``i mod 32`` of ``keep[i // 32]``
+    is set, else 0. One bit a lane and no branch: the compiler vectorises the lane loop (a
+    separate output array it could not prove apart from ``h`` would keep it scalar)."""
+    zero = np.float32(0.0)
+    one = np.uint32(1)
+    full = h.size // 32
+    for j in range(full):  # a constant trip count inside
+        w = keep[j]
+        for lane in range(32):
+            i = j * 32 + lane
+            h[i] = max(h[i] * (np.float32((w >> np.uint32(lane)) & one) * scale), zero)
+    for i in range(full * 32, h.size):
+        h[i] = max(h[i] * (np.float32((keep[full] >> np.uint32(i - full * 32)) & one) * scale), zero)
+
+
+_EVEN_BITS = np.uint64(0x5555555555555555)
+
+
+@njit("void(uint32[::1], uint64[::1], boolean)", nogil=True, cache=True)
+def _two_bit_keep(keep, words, either):
+    """One keep bit per 2-bit lane: a lane is kept where its value is at least 1 (``either`` of
+    its bits set, p = 1/4) or 3 (both, p = 3/4); the 32 lanes of a word are packed into 32 bits."""
+    for j in range(words.size):
+        low, high = words[j] & _EVEN_BITS, (words[j] >> np.uint64(1)) & _EVEN_BITS
+        x = (low | high) if either else (low & high)
+        x = (x | (x >> np.uint64(1))) & np.uint64(0x3333333333333333)  # gather the even bits
+        x = (x | (x >> np.uint64(2))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+        x = (x | (x >> np.uint64(4))) & np.uint64(0x00FF00FF00FF00FF)
+        x = (x | (x >> np.uint64(8))) & np.uint64(0x0000FFFF0000FFFF)
+        keep[j] = np.uint32((x | (x >> np.uint64(16))) & np.uint64(0xFFFFFFFF))
+
+
+@njit("void(float32[::1], int16[::1], int16, float32)", nogil=True, cache=True)
+def _relu_mask_16_(h, lanes, threshold, scale):
+    """``h = max(h * m, 0)`` in place for 16-bit lanes, read as the int16 array they are."""
+    zero = np.float32(0.0)
+    for i in range(h.size):
+        x = max(h[i] * scale, zero)
+        h[i] = x if lanes[i] >= threshold else zero
+
+
+def relu_mask_(h: Tensor, p: float, generator: torch.Generator | None = None) -> Tensor:
+    """``h = relu(h) * random_keep_mask(h.shape, p, generator)`` in one compiled pass over ``h``,
+    with no mask tensor, for contiguous float32 ``h``; returns ``h``. The compiled loops run inside
+    ``mqgnn::`` profiler scopes, as operators have theirs."""
+    bits = mask_bits(p)
+    with record_function("mqgnn::random_words"):
+        words = random_words(h.numel(), bits, generator).numpy().view(np.uint64)
+    flat = h.view(-1).numpy()
+    scale, dropped = np.float32(keep_scale(p)), _dropped_levels(p, bits)
+    with record_function("mqgnn::relu_mask_"):
+        if bits == 16:
+            _relu_mask_16_(flat, words.view(np.int16), np.int16(dropped - _LEVELS // 2), scale)
+        elif bits == 1:
+            _relu_keep_bits_(flat, words.view(np.uint32), scale)
+        else:
+            keep = np.empty(words.size, np.uint32)
+            _two_bit_keep(keep, words, dropped == 1)
+            _relu_keep_bits_(flat, keep, scale)
+    return h
 
 
 MASK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -81,8 +183,8 @@ def keep_scale(p: float, dtype: torch.dtype = torch.float32) -> float:
 
 
 class MaskBuffer:
-    """Storage a ``ReLUDropout`` reuses for its masks, step after step: grown (with 1/8 slack, as
-    batches vary in size) when a mask needs more, never pickled."""
+    """Storage a ``ReLUDropout`` reuses for its half-precision masks, step after step: grown (with
+    1/8 slack, as batches vary in size) when a mask needs more, never pickled."""
 
     def __init__(self) -> None:
         self._storage: Tensor | None = None
@@ -106,39 +208,46 @@ def random_keep_mask(
     dtype: torch.dtype = torch.float32,
     buffer: MaskBuffer | None = None,
 ) -> Tensor:
-    """A mask of ``dtype``: 0 with probability ``quantised_drop_probability(p)``, else
-    ``keep_scale(p, dtype)``; written into ``buffer`` when given (valid until its next use)."""
+    """The mask of ``dtype`` the CPU layer applies: 0 with probability
+    ``quantised_drop_probability(p)``, else ``keep_scale(p, dtype)``; written into ``buffer`` when
+    given (valid until its next use)."""
     n = math.prod(shape)
     bits = mask_bits(p)
+    words = random_words(n, bits, generator)
+    dropped = _dropped_levels(p, bits)
     if bits < 16:
-        dropped = round(p * (1 << bits))
         table = _byte_table(bits, dropped, dtype)
-        words = _random_words((n * bits + 7) // 8, generator).long()
         rows = (
             None
             if buffer is None
-            else buffer.take(words.numel() * table.shape[1], dtype).view(-1, table.shape[1])
+            else buffer.take(words.numel() * 8 * table.shape[1], dtype).view(-1, table.shape[1])
         )
-        return torch.index_select(table, 0, words, out=rows).view(-1)[:n].view(shape)
-    words = _random_words(2 * n, generator).view(torch.int16)[:n].view(shape)  # uniform on [-2^15, 2^15)
-    keep = words >= round(p * _LEVELS) - _LEVELS // 2
+        return torch.index_select(table, 0, words.view(torch.uint8).long(), out=rows).view(-1)[:n].view(shape)
+    keep = words.view(torch.int16)[:n].view(shape) >= dropped - _LEVELS // 2
     scale, zero = torch.tensor(keep_scale(p, dtype), dtype=dtype), torch.zeros((), dtype=dtype)
     out = None if buffer is None else buffer.take(n, dtype).view(shape)
     return torch.where(keep, scale, zero, out=out)
 
 
+def _relu_times_mask(mask: Tensor) -> Callable[[Tensor, Tensor], None]:
+    return lambda h, out: torch.mul(h, mask, out=out).clamp_min_(0.0)
+
+
+def _relu_times_mask_(h: Tensor, mask: Tensor) -> Tensor:
+    return h.mul_(mask).clamp_min_(0.0)
+
+
 class _ReLUMasked(torch.autograd.Function):
-    """``max(h * mask, 0)`` for a mask of zeros and ``scale``, with the gradient ``scale * g``
-    where the output is positive; ``inplace``: written over ``h``, and the gradient over ``g``
-    where that can be done (a contiguous ``g``: an expanded one is shared by its entries)."""
+    """``max(h * mask, 0)``, written in place by ``apply_(x)`` on ``h`` or a copy of it, for a
+    mask of zeros and ``scale``, with the gradient ``scale * g`` where the output is positive;
+    ``inplace``: written over ``h``, and the gradient over ``g`` where that can be done (a
+    contiguous ``g``: an expanded one is shared by its entries)."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, mask: Tensor, scale: float, inplace: bool) -> Tensor:
+    def forward(ctx, h: Tensor, apply_: Callable[[Tensor], Tensor], scale: float, inplace: bool) -> Tensor:
         if inplace:
             ctx.mark_dirty(h)
-            out = h.mul_(mask).clamp_min_(0.0)
-        else:
-            out = torch.mul(h, mask).clamp_min_(0.0)
+        out = apply_(h if inplace else h.clone(memory_format=torch.contiguous_format))
         ctx.save_for_backward(out)
         ctx.scale, ctx.inplace = scale, inplace
         return out
@@ -177,8 +286,12 @@ class ReLUDropout(nn.Module):
             return torch.relu(h)
         if h.device.type != "cpu" or h.dtype not in MASK_DTYPES:
             return F.dropout(torch.relu(h), self.p, training=True)
-        mask = random_keep_mask(h.shape, self.p, dtype=h.dtype, buffer=self.masks)
-        return _ReLUMasked.apply(h, mask, keep_scale(self.p, h.dtype), self.inplace)
+        if h.dtype == torch.float32 and h.is_contiguous():
+            apply_ = functools.partial(relu_mask_, p=self.p)
+        else:
+            mask = random_keep_mask(h.shape, self.p, dtype=h.dtype, buffer=self.masks)
+            apply_ = functools.partial(_relu_times_mask_, mask=mask)
+        return _ReLUMasked.apply(h, apply_, keep_scale(self.p, h.dtype), self.inplace)
 
     def extra_repr(self) -> str:
         return f"p={self.p}" + (", inplace" if self.inplace else "")

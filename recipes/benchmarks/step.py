@@ -9,8 +9,9 @@ overhead) is all that is measured. Two loops train on the same batches:
 - ``bare``: ``zero_grad``, ``training_step``, ``backward``, ``step`` in a Python loop;
 - ``trainer``: ``lightning.Trainer.fit`` with the recipe's callbacks, logger and progress bar.
 Each loop runs twice: once timed (median wall time per step), once under ``torch.profiler``, whose
-per-operator self time (CPU time on CPU, kernel time on CUDA) is sorted into GEMM (``mm``,
-``addmm``, ``bmm``: the floor), aggregation, elementwise, RNG, copies and the optimiser; on CPU
+per-operator self time (CPU time on CPU, kernel time on CUDA; the scopes named ``mqgnn::`` of the
+compiled CPU loops count as operators) is sorted into GEMM (``mm``, ``addmm``, ``bmm``: the
+floor), aggregation, elementwise, RNG, copies and the optimiser; on CPU
 "rest" is the wall time no operator accounts for (Python, hooks, logging), on CUDA "host" is the
 wall time the GPU is not running a kernel, beside the share of the step it is ("kernels / step")
 and the host syncs a step makes (CUDA's sync debug mode). ``step / floor`` is the timed step over
@@ -87,7 +88,7 @@ def split_by_category(events: Iterable, cuda: bool) -> dict[str, float]:
     """Seconds of operator self time per category, over ``events`` of one profile."""
     totals: dict[str, float] = defaultdict(float)
     for event in events:
-        if not event.name.startswith("aten::"):
+        if not event.name.startswith(("aten::", "mqgnn::")):  # operators, and our compiled loops
             continue
         self_us = event.self_device_time_total if cuda else event.self_cpu_time_total
         totals[category(event.name, under_optimiser(event))] += self_us * 1e-6

@@ -1,5 +1,6 @@
 """The fast CPU ReLU + dropout keeps nn.Dropout's contract: drop rate, unbiased scaling, gradients,
-reproducibility, independent lanes, plain ReLU in eval mode."""
+reproducibility, independent lanes, plain ReLU in eval mode; its compiled float32 pass applies
+the same mask as the tensor form."""
 
 import pytest
 import torch
@@ -12,11 +13,13 @@ from lightning_mqgnn.models.dropout import (
     mask_bits,
     quantised_drop_probability,
     random_keep_mask,
+    random_words,
+    relu_mask_,
 )
 
 
 @pytest.mark.parametrize(
-    ("p", "bits"), [(0.5, 1), (0.25, 2), (0.75, 2), (0.0625, 4), (0.8125, 4), (0.2, 16), (0.8, 16)]
+    ("p", "bits"), [(0.5, 1), (0.25, 2), (0.75, 2), (0.0625, 16), (0.8125, 16), (0.2, 16), (0.8, 16)]
 )
 def test_mask_drops_at_rate_p_and_preserves_the_mean(p, bits):
     assert mask_bits(p) == bits
@@ -34,7 +37,7 @@ def test_mask_drops_at_rate_p_and_preserves_the_mean(p, bits):
     assert abs(mask.double().mean().item() - 1.0) < 5 * (q / (1 - q) / mask.numel()) ** 0.5
 
 
-@pytest.mark.parametrize(("p", "lanes"), [(0.5, 64), (0.25, 32), (0.0625, 16), (0.2, 4)])
+@pytest.mark.parametrize(("p", "lanes"), [(0.5, 64), (0.25, 32), (0.0625, 4), (0.2, 4)])
 def test_lanes_of_one_random_word_are_independent(p, lanes):
     """The lanes of one 64-bit draw land on neighbouring elements: every lane position (element
     index mod lanes) drops at rate p, and neighbours drop together at rate p^2."""
@@ -47,10 +50,11 @@ def test_lanes_of_one_random_word_are_independent(p, lanes):
     assert torch.all((both - q * q).abs() < 5 * (q * q * (1 - q * q) / rows) ** 0.5)
 
 
-@pytest.mark.parametrize("p", [0.5, 0.3])
-def test_relu_dropout_is_relu_times_the_mask_with_its_gradient(p):
+@pytest.mark.parametrize("shape", [(64, 33), (61, 33)])  # 61 x 33: a partial last word
+@pytest.mark.parametrize("p", [0.5, 0.25, 0.3])
+def test_relu_dropout_is_relu_times_the_mask_with_its_gradient(p, shape):
     layer = ReLUDropout(p)
-    h = torch.randn(64, 33, requires_grad=True)
+    h = torch.randn(*shape, requires_grad=True)
     torch.manual_seed(5)
     out = layer(h)
     grad = torch.randn_like(out)
@@ -62,6 +66,31 @@ def test_relu_dropout_is_relu_times_the_mask_with_its_gradient(p):
     assert torch.equal(h.grad, grad * mask * (h.detach() > 0))
     torch.manual_seed(5)
     assert torch.equal(layer(h.detach()), out.detach())  # seeds reproduce the mask
+
+
+@pytest.mark.parametrize("p", [0.5, 0.75, 0.2])
+def test_the_compiled_pass_equals_the_mask_applied_as_tensors(p):
+    """Contiguous float32 takes the compiled pass; a transposed view the tensor form of the same
+    mask, with the same seed the same output; a generator of its own reproduces the pass."""
+    h = torch.randn(37, 45)
+    layers = ReLUDropout(p), ReLUDropout(p)
+    torch.manual_seed(4)
+    compiled = layers[0](h)
+    torch.manual_seed(4)
+    as_tensors = layers[1](h.t().contiguous().t())  # same values, not contiguous
+    assert torch.equal(compiled, as_tensors)
+    assert layers[0].masks._storage is None and layers[1].masks._storage is not None  # no mask made
+    torch.manual_seed(4)
+    assert torch.equal(compiled, torch.relu(h) * random_keep_mask(h.shape, p))
+    out = relu_mask_(h.clone(), p, torch.Generator().manual_seed(9))  # a generator of its own
+    assert torch.equal(out, torch.relu(h) * random_keep_mask(h.shape, p, torch.Generator().manual_seed(9)))
+
+
+def test_masks_of_different_seeds_differ_and_words_cover_every_bit():
+    words = [random_words(64 * 1000, 1, torch.Generator().manual_seed(s)) for s in (0, 1)]
+    assert words[0].shape == (1000,) and not torch.equal(words[0], words[1])
+    bits = (words[0].unsqueeze(1) >> torch.arange(64)) & 1  # every bit position is uniform
+    assert torch.all((bits.double().mean(0) - 0.5).abs() < 5 * (0.25 / 1000) ** 0.5)
 
 
 def test_in_place_relu_dropout_equals_the_out_of_place_one_with_its_gradients():

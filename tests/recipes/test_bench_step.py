@@ -37,3 +37,24 @@ def test_step_benchmark_splits_bare_and_trainer_steps(tmp_path):
         assert step > 0 and 0 < gemm < step
         assert 0 < optimiser < 0.5 * step  # Adam on a few parameters, not the closure's whole step
         assert abs(ratio - step / gemm) < 0.02 * ratio
+
+
+def test_compiled_cpu_loops_count_as_operators(monkeypatch):
+    """The fused ReLU + dropout runs no torch operator of its own: its compiled loop and its random
+    words are counted from their ``mqgnn::`` scopes, as elementwise work and RNG, not left to
+    "rest"."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from lightning_mqgnn.models.dropout import ReLUDropout
+
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    from benchmarks.step import split_by_category
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        ReLUDropout(0.2, inplace=True)(torch.randn(1024, 256))
+    scopes = {e.name: e.self_cpu_time_total * 1e-6 for e in prof.events() if e.name.startswith("mqgnn::")}
+    assert set(scopes) == {"mqgnn::random_words", "mqgnn::relu_mask_"}
+    split = split_by_category(prof.events(), cuda=False)
+    assert split["elementwise"] >= scopes["mqgnn::relu_mask_"] > 0
+    assert split["rng"] >= scopes["mqgnn::random_words"] > 0
