@@ -140,13 +140,12 @@ def _relu_mask_16_(h, lanes, threshold, scale):
 def relu_mask_(h: Tensor, p: float, generator: torch.Generator | None = None) -> Tensor:
     """``h = relu(h) * random_keep_mask(h.shape, p, generator)`` in one compiled pass over ``h``,
     with no mask tensor, for contiguous float32 ``h``; returns ``h``. The compiled loops run inside
-    ``mqgnn::`` profiler scopes, as operators have theirs."""
+    one ``mqgnn::`` profiler scope, as an operator would."""
     bits = mask_bits(p)
-    with record_function("mqgnn::random_words"):
+    with record_function("mqgnn::relu_dropout"):
         words = random_words(h.numel(), bits, generator).numpy().view(np.uint64)
-    flat = h.view(-1).numpy()
-    scale, dropped = np.float32(keep_scale(p)), _dropped_levels(p, bits)
-    with record_function("mqgnn::relu_mask_"):
+        flat = h.view(-1).numpy()
+        scale, dropped = np.float32(keep_scale(p)), _dropped_levels(p, bits)
         if bits == 16:
             _relu_mask_16_(flat, words.view(np.int16), np.int16(dropped - _LEVELS // 2), scale)
         elif bits == 1:

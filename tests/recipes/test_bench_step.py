@@ -34,14 +34,16 @@ def test_step_benchmark_splits_bare_and_trainer_steps(tmp_path):
     ]
     for row in rows:
         step, gemm, *_, optimiser, _rest, ratio = (float(c.strip().rstrip("x")) for c in row[2:])
-        assert step > 0 and 0 < gemm < step
+        # GEMM time comes from a second, profiled run: on a busy machine it can exceed the first
+        # run's median step, though not by half
+        assert step > 0 and 0 < gemm < 1.5 * step
         assert 0 < optimiser < 0.5 * step  # Adam on a few parameters, not the closure's whole step
         assert abs(ratio - step / gemm) < 0.02 * ratio
 
 
 def test_compiled_cpu_loops_count_as_operators(monkeypatch):
-    """The fused ReLU + dropout runs no torch operator of its own: its compiled loop and its random
-    words are counted from their ``mqgnn::`` scopes, as elementwise work and RNG, not left to
+    """The fused ReLU + dropout runs no torch operator of its own: its compiled loops (random words
+    and the masked ReLU) are counted from their ``mqgnn::`` scope as elementwise work, not left to
     "rest"."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -54,7 +56,6 @@ def test_compiled_cpu_loops_count_as_operators(monkeypatch):
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         ReLUDropout(0.2, inplace=True)(torch.randn(1024, 256))
     scopes = {e.name: e.self_cpu_time_total * 1e-6 for e in prof.events() if e.name.startswith("mqgnn::")}
-    assert set(scopes) == {"mqgnn::random_words", "mqgnn::relu_mask_"}
+    assert set(scopes) == {"mqgnn::relu_dropout"}
     split = split_by_category(prof.events(), cuda=False)
-    assert split["elementwise"] >= scopes["mqgnn::relu_mask_"] > 0
-    assert split["rng"] >= scopes["mqgnn::random_words"] > 0
+    assert split["elementwise"] >= scopes["mqgnn::relu_dropout"] > 0
