@@ -80,9 +80,11 @@ def mask_bits(p: float) -> int:
     return 16
 
 
-def _dropped_levels(p: float, bits: int) -> int:
-    """Lanes of ``bits`` bits below this value are dropped."""
-    return round(p * (1 << bits))
+def _keep_threshold(p: float, bits: int) -> int:
+    """Lanes of ``bits`` bits below this value are dropped: the dropped levels, and for 16-bit
+    lanes, which are read as signed, the dropped levels less 2^15."""
+    dropped = round(p * (1 << bits))
+    return dropped - _LEVELS // 2 if bits == 16 else dropped
 
 
 def random_words(num_elements: int, bits: int, generator: torch.Generator | None = None) -> Tensor:
@@ -145,14 +147,14 @@ def relu_mask_(h: Tensor, p: float, generator: torch.Generator | None = None) ->
     with record_function("mqgnn::relu_dropout"):
         words = random_words(h.numel(), bits, generator).numpy().view(np.uint64)
         flat = h.view(-1).numpy()
-        scale, dropped = np.float32(keep_scale(p)), _dropped_levels(p, bits)
+        scale, threshold = np.float32(keep_scale(p)), _keep_threshold(p, bits)
         if bits == 16:
-            _relu_mask_16_(flat, words.view(np.int16), np.int16(dropped - _LEVELS // 2), scale)
+            _relu_mask_16_(flat, words.view(np.int16), np.int16(threshold), scale)
         elif bits == 1:
             _relu_keep_bits_(flat, words.view(np.uint32), scale)
         else:
             keep = np.empty(words.size, np.uint32)
-            _two_bit_keep(keep, words, dropped == 1)
+            _two_bit_keep(keep, words, threshold == 1)
             _relu_keep_bits_(flat, keep, scale)
     return h
 
@@ -213,23 +215,19 @@ def random_keep_mask(
     n = math.prod(shape)
     bits = mask_bits(p)
     words = random_words(n, bits, generator)
-    dropped = _dropped_levels(p, bits)
+    threshold = _keep_threshold(p, bits)
     if bits < 16:
-        table = _byte_table(bits, dropped, dtype)
+        table = _byte_table(bits, threshold, dtype)
         rows = (
             None
             if buffer is None
             else buffer.take(words.numel() * 8 * table.shape[1], dtype).view(-1, table.shape[1])
         )
         return torch.index_select(table, 0, words.view(torch.uint8).long(), out=rows).view(-1)[:n].view(shape)
-    keep = words.view(torch.int16)[:n].view(shape) >= dropped - _LEVELS // 2
+    keep = words.view(torch.int16)[:n].view(shape) >= threshold
     scale, zero = torch.tensor(keep_scale(p, dtype), dtype=dtype), torch.zeros((), dtype=dtype)
     out = None if buffer is None else buffer.take(n, dtype).view(shape)
     return torch.where(keep, scale, zero, out=out)
-
-
-def _relu_times_mask(mask: Tensor) -> Callable[[Tensor, Tensor], None]:
-    return lambda h, out: torch.mul(h, mask, out=out).clamp_min_(0.0)
 
 
 def _relu_times_mask_(h: Tensor, mask: Tensor) -> Tensor:

@@ -51,7 +51,8 @@ def time_forms(h0: torch.Tensor, p: float, repeats: int) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
     for r in range(repeats):
-        for name in names[r % 3 :] + names[: r % 3]:
+        turn = r % len(names)
+        for name in names[turn:] + names[:turn]:
             h.copy_(h0)
             start = time.perf_counter()
             runs[name](h)
