@@ -150,42 +150,43 @@ def _hash_bits(seed_word, v):
 
 
 @njit(
-    "Tuple((int64[::1], int64[::1]))(int64[::1], int64[::1], int64[::1], int64, int64)",
+    "Tuple((int64[::1], int64[::1], int64[::1]))(int64[::1], int64[::1], int64[::1], int64, int64)",
     nogil=True,
     cache=True,
 )
 def _labor0_kept(indptr, indices, nodes, k, seed_word):
     """LABOR-0 on the in-edges of ``nodes``: edge ``t -> s`` is kept when ``t``'s hash is at most
     the threshold of ``min(1, k / d_s)`` (``labor.threshold``). Returns the kept sources, grouped
-    by row in CSR order, and the kept edges per row."""
-    total = 0
-    for v in nodes:
-        total += indptr[v + 1] - indptr[v]
-    src = np.empty(total, np.int64)
+    by row in CSR order, the kept edges per row and each row's in-degree ``d_s``."""
+    degrees = np.empty(nodes.size, np.int64)
+    for r in range(nodes.size):
+        degrees[r] = indptr[nodes[r] + 1] - indptr[nodes[r]]
+    src = np.empty(degrees.sum(), np.int64)
     counts = np.empty(nodes.size, np.int64)
     at = 0
     for r in range(nodes.size):
-        v = nodes[r]
-        start, end = indptr[v], indptr[v + 1]
-        d = end - start
+        start = indptr[nodes[r]]
+        d = degrees[r]
         p = min(min(d, k) / max(d, 1), 1.0)
         limit = max(np.floor(p * 4294967296.0) - (_HALF + 1), -float(_HALF))
         first = at
-        for e in range(start, end):
+        for e in range(start, start + d):
             t = indices[e]
             if _hash_bits(seed_word, t) <= limit:
                 src[at] = t
                 at += 1
         counts[r] = at - first
-    return src[:at], counts
+    return src[:at], counts, degrees
 
 
-def labor0_kept(indptr: Tensor, indices: Tensor, nodes: Tensor, k: int, seed: int) -> tuple[Tensor, Tensor]:
-    """``(src, counts)`` of ``_labor0_kept``: the same edges as ``labor.labor_sample`` keeps with
-    ``importance_sampling=0`` and hash seed ``seed``."""
+def labor0_kept(
+    indptr: Tensor, indices: Tensor, nodes: Tensor, k: int, seed: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(src, counts, degrees)`` of ``_labor0_kept``: the same edges as ``labor.labor_sample``
+    keeps with ``importance_sampling=0`` and hash seed ``seed``, and the rows' in-degrees."""
     seed_word = (seed + _HALF) & _WORD
-    src, counts = _labor0_kept(indptr.numpy(), indices.numpy(), nodes.numpy(), k, seed_word)
-    return torch.from_numpy(src), torch.from_numpy(counts)
+    out = _labor0_kept(indptr.numpy(), indices.numpy(), nodes.numpy(), k, seed_word)
+    return tuple(torch.from_numpy(a) for a in out)
 
 
 @njit("Tuple((int64[::1], int64))(int64[::1], int64[::1])", nogil=True, cache=True)

@@ -378,8 +378,8 @@ class LaborSampler:
         seed = draw_layer_seed() if seed is None else seed
         g = self.graph
         if self.importance_sampling == 0 and fanout > 0 and not dst.is_cuda:
-            src, counts = labor0_kept(g.indptr, g.indices, dst.contiguous(), fanout, seed)
-            deg = (g.indptr.index_select(0, dst + 1) - g.indptr.index_select(0, dst)).to(torch.float64)
+            src, counts, degrees = labor0_kept(g.indptr, g.indices, dst.contiguous(), fanout, seed)
+            deg = degrees.to(torch.float64)
             rows = torch.repeat_interleave(torch.arange(dst.numel()), counts, output_size=src.numel())
             prob = labor0_probability(deg, fanout).index_select(0, rows)
         else:

@@ -97,10 +97,11 @@ def test_labor0_fused_pass_keeps_the_edges_of_the_vectorised_chain(fanout):
         nodes[0] = 599  # an isolated row
         cand, _ = in_edge_candidates(graph, nodes)
         keep, rows, _ = labor_sample(cand, fanout, 0, index, seed)
-        src, counts = cpu_kernels.labor0_kept(graph.indptr, graph.indices, nodes, fanout, seed)
+        src, counts, degrees = cpu_kernels.labor0_kept(graph.indptr, graph.indices, nodes, fanout, seed)
         assert keep.numel() > 0
         assert torch.equal(src, cand.src[keep])
         assert torch.equal(counts, torch.bincount(rows, minlength=nodes.numel()))
+        assert torch.equal(degrees.to(torch.float64), cand.deg)
 
 
 @pytest.mark.parametrize("rounds", [1, 3, MAX_ROUNDS])
