@@ -9,8 +9,11 @@
 #   pipeline  products_like_1m (1.03M nodes), 2-layer SAGE and GCN 5,5: sequential, CPU-worker
 #             pipeline and device-resident, whole epochs, CUDA graphs on and off (bench.py
 #             device_sampling --parts speed; <= 300 s)
+#   sampler   device-resident sampling in a thread of the training process against a spawned
+#             sampler process: products_like scale 1.0, SALIENT's and the paper's configuration,
+#             CUDA graphs off and on (bench.py device_sampling --parts speed; <= 300 s)
 #   device    the device-sampling benchmark at its defaults: products_like scale 1.0, SALIENT's
-#             and the paper's configuration, host-sync census, accuracy (<= 360 s)
+#             and the paper's configuration, all four loaders, host-sync census, accuracy (<= 420 s)
 # Results (markdown and JSON, rewritten after every measurement) go to $OUT when set, else
 # .ci/gpu_out/.
 #
@@ -24,7 +27,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT_DIR=${OUT:-.ci/gpu_out}
-STAGES=${*:-tests step pipeline device}
+STAGES=${*:-tests step pipeline sampler device}
 mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the repository, without installing it
 export OUTDATED_IGNORE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
@@ -64,7 +67,7 @@ for stage in $STAGES; do
   case $stage in
     tests)
       run_stage "gpu tests" 200 "$OUT_DIR/pytest_gpu.txt" \
-        "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider tests ;;
+        "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider --timeout 120 tests ;;
     step)
       run_stage "training step on CUDA" 200 "$OUT_DIR/step.txt" \
         "$PYTHON" recipes/bench.py step --data products_like_1m --models sage,gcn --device cuda \
@@ -74,12 +77,16 @@ for stage in $STAGES; do
       run_stage "pipeline on products_like_1m" 300 "$OUT_DIR/pipeline.txt" \
         "$PYTHON" recipes/bench.py device_sampling --scale 0.42 --configs paper,paper_gcn --parts speed \
         --epochs 3 --batches 0 --cuda-graphs on,off --out "$OUT_DIR/products_1m" ${PIPELINE_ARGS:-} ;;
+    sampler)
+      run_stage "device sampling: thread or process" 300 "$OUT_DIR/sampler.txt" \
+        "$PYTHON" recipes/bench.py device_sampling --configs salient,paper --loaders device,device_process \
+        --parts speed --epochs 3 --cuda-graphs off,on --out "$OUT_DIR/sampler" ;;
     device)
       # shellcheck disable=SC2086
-      run_stage "device sampling benchmark" 360 "$OUT_DIR/device.txt" \
+      run_stage "device sampling benchmark" 420 "$OUT_DIR/device.txt" \
         "$PYTHON" recipes/bench.py device_sampling --out "$OUT_DIR/products_full" ${BENCH_ARGS:-} ;;
     *)
-      echo "gpu_check: unknown stage $stage (expected tests, step, pipeline, device)" >&2
+      echo "gpu_check: unknown stage $stage (expected tests, step, pipeline, sampler, device)" >&2
       exit 2 ;;
   esac
 done

@@ -9,7 +9,7 @@ from typing_extensions import override
 
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models.inference import FullGraphLoader
-from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader, resolve_placement
+from lightning_mqgnn.pipeline.device_loader import DEVICE_SAMPLERS, DeviceResidentLoader, resolve_placement
 from lightning_mqgnn.pipeline.loader import PipelinedLoader
 from lightning_mqgnn.pipeline.placement import DEFAULT_MARGIN, Placement, check_place
 from lightning_mqgnn.pipeline.plan import EpochPlan
@@ -47,7 +47,10 @@ class MQGNNDataModule(pl.LightningDataModule):
     the CUDA device, the ``DeviceResidentLoader`` samples and gathers there on its own stream,
     whatever ``mode`` says, with a device queue of ``queue_size``; features that do not fit stay
     in host memory (logged). ``mode="device"`` asks for that loader on the training device
-    whatever it is (on a CPU trainer: the same code on the CPU).
+    whatever it is (on a CPU trainer: the same code on the CPU). ``device_sampler="process"``
+    samples there in a spawned process instead of a thread of the training process
+    (``pipeline/sampler_process.py``: the two no longer share an interpreter); resident features
+    without a feature cache only, else the thread.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class MQGNNDataModule(pl.LightningDataModule):
         feature_cache: FeatureCache | None = None,
         sample_on: str = "cpu",
         features_on: str = "auto",
+        device_sampler: str = "thread",
     ):
         super().__init__()
         if mode not in MODES:
@@ -79,6 +83,9 @@ class MQGNNDataModule(pl.LightningDataModule):
         self.mode = mode
         self.sample_on = check_place("sample_on", sample_on)
         self.features_on = check_place("features_on", features_on)
+        if device_sampler not in DEVICE_SAMPLERS:
+            raise ValueError(f"device_sampler must be one of {DEVICE_SAMPLERS}, got {device_sampler!r}")
+        self.device_sampler = device_sampler
         self._placement: Placement | None = None
         self.device_loader: DeviceResidentLoader | None = None
         self.aggregate_inputs = aggregate_inputs
@@ -190,7 +197,12 @@ class MQGNNDataModule(pl.LightningDataModule):
         if self.device_loader is None:
             queue_size = self.settings.queue_size
             self.device_loader = DeviceResidentLoader(
-                self.source, self.placement(), queue_size, self.epoch_plan, self.settings.memory_margin
+                self.source,
+                self.placement(),
+                queue_size,
+                self.epoch_plan,
+                self.settings.memory_margin,
+                self.device_sampler,
             )
         return self.device_loader
 

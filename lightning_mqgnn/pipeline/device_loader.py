@@ -30,28 +30,29 @@ cache ``lookup``'s hit count and the copy of the input ids to the host. SAGE wit
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from lightning_mqgnn.pipeline.device_queue import DeviceQueue, QueuedLoader, await_entry, hand_over_batch
-from lightning_mqgnn.pipeline.gather import gather
 from lightning_mqgnn.pipeline.placement import Placement, decide_placement, free_device_memory
 from lightning_mqgnn.pipeline.plan import EpochPlan
-from lightning_mqgnn.pipeline.produce import sample_batch
 from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize
+from lightning_mqgnn.pipeline.resident import ResidentGraph, produce_resident
+from lightning_mqgnn.pipeline.sampler_process import SamplerProcess
 from lightning_mqgnn.pipeline.settings import check_queue_size
 from lightning_mqgnn.pipeline.source import BatchSource
 from lightning_mqgnn.pipeline.transfer import DeviceMover, batch_nbytes
-from lightning_mqgnn.sampling.base import Sampler
 from lightning_mqgnn.sampling.batch import MiniBatch
-from lightning_mqgnn.sampling.feature_cache import FeatureCache, merge_cached_rows, resident_rows
-from lightning_mqgnn.sampling.residency import copy_state_, state_nbytes, to_device
+from lightning_mqgnn.sampling.feature_cache import resident_rows
+from lightning_mqgnn.sampling.residency import copy_state_, state_nbytes
 
+log = logging.getLogger(__name__)
+DEVICE_SAMPLERS = ("thread", "process")  # where the device-resident producer samples
 SCRATCH_BYTES_PER_NODE = 24  # the samplers' [N] scratch arrays (relabel slots, bitmaps, sums)
 
 
@@ -80,34 +81,6 @@ def resolve_placement(
     )
 
 
-@dataclass
-class ResidentGraph:
-    """What the producer reads, on ``device``: the moved sampler (and its cache), the labels,
-    and the features (on the device, or the host ones when they stay there)."""
-
-    device: torch.device
-    sampler: Sampler
-    labels: Tensor
-    features: Tensor
-    cache: FeatureCache | None
-
-    @classmethod
-    def build(cls, source: BatchSource, placement: Placement) -> ResidentGraph:
-        device = placement.sample_on
-        if device.type == "cuda" and device.index is None:  # "cuda": the current device, by index
-            device = torch.device("cuda", torch.cuda.current_device())
-        memo: dict = {}  # a GNS sampler and its cache keep one moved graph
-        sampler = to_device(source.sampler, device, memo)
-        cache = to_device(source.feature_cache, device, memo) if source.feature_cache is not None else None
-        ds = source.dataset
-        features_on = device if placement.features_resident else placement.features_on
-        return cls(device, sampler, ds.labels.to(device), ds.features.to(features_on), cache)
-
-    @property
-    def features_resident(self) -> bool:
-        return self.features.device == self.device
-
-
 class DeviceResidentLoader(QueuedLoader):
     """The training batches of ``source``, sampled and gathered on ``placement.sample_on`` by a
     producer thread into a device queue of ``queue_size`` batches (int, or ``"auto"``: eq. 24-25).
@@ -124,14 +97,19 @@ class DeviceResidentLoader(QueuedLoader):
         queue_size: int | str = 2,
         plan: EpochPlan | Callable[[], EpochPlan] | None = None,
         memory_margin: float = 0.1,
+        device_sampler: str = "thread",
     ):
         check_queue_size(queue_size)
+        if device_sampler not in DEVICE_SAMPLERS:
+            raise ValueError(f"device_sampler must be one of {DEVICE_SAMPLERS}, got {device_sampler!r}")
+        self.device_sampler = device_sampler
         fixed_q = None if queue_size == "auto" else int(queue_size)
         super().__init__(source, plan, fixed_q, AdaptiveQueueSize(margin=memory_margin))
         self.placement = placement if placement is not None else Placement()
         self.sizer.device = self.placement.sample_on
         self.mover = DeviceMover(self.placement.sample_on)
         self.resident: ResidentGraph | None = None
+        self.process: SamplerProcess | None = None
         self._run: _DeviceEpoch | None = None
 
     def __iter__(self) -> Iterator[MiniBatch]:
@@ -143,6 +121,8 @@ class DeviceResidentLoader(QueuedLoader):
         """Residency (once), the epoch's cache draw on the device, and the seeds of this rank."""
         if self.resident is None:
             self.resident = ResidentGraph.build(self.source, self.placement)
+        if self.device_sampler == "process" and self.process is None:
+            self._start_process()
         plan = self.plan()
         cache = self.source.feature_cache
         if self.mover.cuda:  # nothing the last producer launched still reads what is rewritten here
@@ -157,22 +137,43 @@ class DeviceResidentLoader(QueuedLoader):
             self.mover.stream.wait_stream(torch.cuda.current_stream(self.mover.device))
         return plan.epoch, self.source.epoch_seeds(plan.epoch, plan.rank, plan.world_size)
 
+    def _start_process(self) -> None:
+        r = self.resident
+        if r.cache is not None or not r.features_resident:
+            log.info(
+                "device_sampler=process needs resident features and no feature cache; sampling in a "
+                "thread instead (%s)",
+                "feature cache" if r.cache is not None else "features on the host",
+            )
+            self.device_sampler = "thread"
+            return
+        self.process = SamplerProcess(r, self.source.input_aggregation)
+
+    def epoch_batches(self, epoch: int, seeds: list[Tensor], stop: threading.Event) -> Iterator[MiniBatch]:
+        """The epoch's batches in order, each finished on the producer stream (the caller's
+        current stream) with its production time in ``meta["prep_s"]``: made here, or by the
+        sampler process and copied here."""
+        if self.process is not None:
+            requests = [(i, s, self.source.rng_seed(epoch, i)) for i, s in enumerate(seeds)]
+            yield from self.process.batches(requests, self.queue_size, stop)
+            return
+        for index, batch_seeds in enumerate(seeds):
+            if stop.is_set():
+                return
+            t0 = time.perf_counter()
+            batch = self.produce(epoch, index, batch_seeds)
+            if self.mover.cuda:
+                self.mover.stream.synchronize()  # only this thread waits: times the batch, bounds memory
+            batch.meta["prep_s"] = time.perf_counter() - t0
+            yield batch
+
     def produce(self, epoch: int, index: int, seeds: Tensor) -> MiniBatch:
         """Batch ``index`` of ``epoch``, sampled and gathered on the device (the producer's work)."""
         r = self.resident
-        t0 = time.perf_counter()
-        batch = sample_batch(r.sampler, seeds.to(r.device), self.source.rng_seed(epoch, index), index)
-        t1 = time.perf_counter()
-        if r.features_resident:
-            # the rows are all here: no cache lookup, and the first layer may be aggregated
-            aggregation = self.source.input_aggregation if r.cache is None else None
-            gather(batch, r.features, r.labels, None, aggregation)
-        else:
-            slot = r.cache.slot if r.cache is not None else None
-            gather(batch, r.features, r.labels, slot, None)  # host rows, copied in RowGather
-            merge_cached_rows(batch, self.mover.cache)
-        batch.meta.update(gather_s=time.perf_counter() - t1, sample_s=t1 - t0)
-        return batch
+        aggregation = self.source.input_aggregation
+        return produce_resident(
+            r, seeds, self.source.rng_seed(epoch, index), index, aggregation, self.mover.cache
+        )
 
     def close_epoch(self) -> None:
         if self._run is not None:
@@ -180,12 +181,17 @@ class DeviceResidentLoader(QueuedLoader):
             self._run = None
 
     def shutdown(self) -> None:
-        """Stop the producer thread (idempotent); the resident graph stays for a later epoch."""
+        """Stop the producer thread and the sampler process (idempotent); the resident graph
+        stays for a later epoch, which starts a new process."""
         self.close_epoch()
+        if self.process is not None:
+            self.process.close()
+            self.process = None
 
     def producer_alive(self) -> bool:
         run = self._run
-        return run is not None and run.thread is not None and run.thread.is_alive()
+        thread_alive = run is not None and run.thread is not None and run.thread.is_alive()
+        return thread_alive or (self.process is not None and self.process.alive())
 
     def __del__(self):
         with contextlib.suppress(Exception):
@@ -222,22 +228,17 @@ class _DeviceEpoch:
         stream = torch.cuda.stream(mover.stream) if mover.cuda else contextlib.nullcontext()
         try:
             with stream:
-                for index, seeds in enumerate(self.batches):
-                    if self.stop_event.is_set():
-                        return
-                    t0 = time.perf_counter()
-                    batch = loader.produce(self.epoch, index, seeds)
+                for batch in loader.epoch_batches(self.epoch, self.batches, self.stop_event):
                     event = None
                     if mover.cuda:
                         event = torch.cuda.Event()
                         event.record(mover.stream)
-                        event.synchronize()  # only this thread waits: times the batch, bounds memory
-                    prep_s = time.perf_counter() - t0
-                    batch.meta.update(prep_s=prep_s, batch_bytes=batch_nbytes(batch))
-                    loader.sizer.observe_prep(prep_s)
+                    batch.meta["batch_bytes"] = batch_nbytes(batch)
+                    loader.sizer.observe_prep(batch.meta["prep_s"])
                     if not self.queue.put((batch, event), self.stop_event):
                         return
-            self.queue.finish()
+            if not self.stop_event.is_set():
+                self.queue.finish()
         except BaseException as exc:  # surfaces in the training thread at its next request
             self.queue.fail(exc)
 

@@ -144,6 +144,10 @@ class MiniBatch:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> MiniBatch:
         return self._map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
 
+    def clone(self) -> MiniBatch:
+        """A copy of every tensor, in memory of this process's allocator."""
+        return self._map_tensors(torch.clone)
+
     def pin_memory(self) -> MiniBatch:
         return self._map_tensors(lambda t: t.pin_memory())
 

@@ -6,7 +6,12 @@ import os
 import platform
 import subprocess
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def machine_header(name: str, argv: list[str] | None) -> list[str]:
@@ -46,3 +51,19 @@ def write_report(title: str, header: list[str], table: list[str], out: Path | No
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     return text
+
+
+def attempt(label: str, measure: Callable[[], T]) -> T | None:
+    """``measure()``, or None with the traceback on stderr when it raises: one failed measurement
+    of a long run on a lent machine is reported and the others go on (the run still exits non-zero
+    through ``failures``)."""
+    try:
+        return measure()
+    except Exception:
+        print(f"FAILED: {label}", file=sys.stderr, flush=True)
+        traceback.print_exc()
+        failures.append(label)
+        return None
+
+
+failures: list[str] = []  # labels of the measurements ``attempt`` saw fail, in order

@@ -4,7 +4,8 @@
 SALIENT's configuration (3-layer SAGE, fan-out 15,10,5 from the output layer, batch 1024, hidden
 256) and the paper's (2-layer SAGE, fan-out 5,5; ``paper_gcn``: the same with GCN), each with
   sequential (CPU sampling in the training process) | pipeline (CPU sampler workers, the
-  multi-queue pipeline) | device (DeviceResidentLoader: graph and features on the GPU).
+  multi-queue pipeline) | device (DeviceResidentLoader: graph and features on the GPU, sampled
+  by a thread of the training process) | device_process (the same, sampled by a spawned process).
 The CPU loaders train ``--batches`` batches an epoch, the device loader ``--device-batches`` (0:
 the whole epoch). Reports the epoch time over those batches (mean over epochs 2..E, the first
 beside it) and the whole epoch it implies, trimmed batch time, GPU busy fraction (NVML), peak
@@ -35,13 +36,14 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 
 from benchmarks._cuda_graphs import CUDA_GRAPHS_HELP, cuda_graph_modes
-from benchmarks._report import machine_header, write_report
+from benchmarks._report import attempt, failures, machine_header, write_report
 from benchmarks._sync_census import count_syncs, cuda_sync_count
 from lightning_mqgnn.callbacks import GPUBusyMonitor
 from lightning_mqgnn.callbacks.batch_timer import BatchTimer
@@ -73,6 +75,7 @@ LOADERS = {
     "sequential": dict(mode="sequential", sample_on="cpu"),
     "pipeline": dict(mode="pipeline", sample_on="cpu", producer="workers"),
     "device": dict(mode="device", sample_on="auto", features_on="auto"),
+    "device_process": dict(mode="device", sample_on="auto", features_on="auto", device_sampler="process"),
 }
 
 
@@ -212,7 +215,7 @@ def speed_run(ds: GraphDataset, config: str, loader: str, args, cuda_graphs: boo
     batch_size = args.batch_size or c["batch_size"]
     dm = datamodule(ds, loader, c, batch_size, 0, args.num_workers)
     epoch_batches = num_batches(ds.train_idx.numel(), batch_size, 1, drop_last=False)
-    batches = args.device_batches if loader == "device" else args.batches
+    batches = args.device_batches if loader.startswith("device") else args.batches
     batches = min(batches, epoch_batches) if batches else epoch_batches
     clock, timer, busy = EpochClock(), BatchTimer(trim=args.trim), GPUBusyMonitor()
     gc.collect()  # the previous run's trainer and resident graph (reference cycles)
@@ -306,6 +309,10 @@ def test_metric(ds: GraphDataset, loader: str, seed: int, args) -> float:
     return float(result[0]["test/metric"])
 
 
+def seed_metrics(ds: GraphDataset, loader: str, args) -> list[float]:
+    return [test_metric(ds, loader, seed, args) for seed in args.seeds]
+
+
 def accuracy_datasets(args) -> dict[str, GraphDataset]:
     out = {}
     for name in args.accuracy_datasets:
@@ -367,7 +374,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scale", type=float, default=1.0, help="products_like scale of the speed runs")
     p.add_argument("--parts", default=",".join(PARTS), help=f"what to measure, among {','.join(PARTS)}")
     p.add_argument("--configs", default="salient,paper")
-    p.add_argument("--loaders", default="sequential,pipeline,device")
+    p.add_argument("--loaders", default="sequential,pipeline,device,device_process")
     p.add_argument("--cuda-graphs", type=cuda_graph_modes, default="off", help=CUDA_GRAPHS_HELP)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batches", type=int, default=40, help="CPU loaders' batches per epoch (0: all)")
@@ -442,16 +449,22 @@ def main(argv: list[str]) -> int:
     for config in args.configs if "speed" in args.parts else []:
         for loader in args.loaders:
             for graphs in args.cuda_graphs:
-                speed.append(speed_run(ds, config, loader, args, graphs))
-                print(speed_table(speed[-1:])[-1], flush=True)
-                save_json(args, speed, accuracy, census)
+                label = f"speed {config} {loader} cuda_graphs={graphs}"
+                result = attempt(label, partial(speed_run, ds, config, loader, args, graphs))
+                if result is not None:
+                    speed.append(result)
+                    print(speed_table(speed[-1:])[-1], flush=True)
+                    save_json(args, speed, accuracy, census)
     if "census" in args.parts:
         census = sync_census(ds, args.census_batches, args.batch_size or 1024)
         save_json(args, speed, accuracy, census)
     del ds
     for name, data in accuracy_datasets(args).items() if "accuracy" in args.parts else []:
         for loader in ("sequential", "device"):
-            metrics = [test_metric(data, loader, seed, args) for seed in args.seeds]
+            label = f"accuracy {name} {loader}"
+            metrics = attempt(label, partial(seed_metrics, data, loader, args))
+            if metrics is None:
+                continue
             accuracy.append(AccuracyRow(name, loader, args.seeds, metrics))
             print(accuracy_table(accuracy[-1:], args.accuracy_epochs)[-1], flush=True)
             save_json(args, speed, accuracy, census)
@@ -469,4 +482,6 @@ def main(argv: list[str]) -> int:
     write_report(
         "Device-resident sampling", header, table, args.out / "device_sampling.md" if args.out else None
     )
-    return 0
+    if failures:
+        print(f"failed: {', '.join(failures)}", flush=True)
+    return 1 if failures else 0

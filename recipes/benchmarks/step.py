@@ -40,7 +40,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks._cuda_graphs import CUDA_GRAPHS_HELP, cuda_graph_modes
-from benchmarks._report import machine_header, write_report
+from benchmarks._report import attempt, failures, machine_header, write_report
 from benchmarks._sync_census import cuda_sync_count
 from lightning_mqgnn.pipeline.produce import produce_batch
 from lightning_mqgnn.pipeline.schedule import epoch_batches
@@ -304,13 +304,17 @@ def main(argv: list[str] | None = None) -> int:
         batches = sample_batches(dataset, sampler, cfg, args.batch_size, args.steps, device)
         for graphs in args.cuda_graphs if cuda else [False]:
             for loop in args.loops.split(","):
-                result = measure(loop, partial(make_module, graphs), batches, device, cfg, args.warmup)
-                rows.append(row(model, loop, graphs, cuda, result))
+                label = f"{model} {loop} cuda_graphs={graphs}"
+                result = attempt(
+                    label,
+                    partial(measure, loop, partial(make_module, graphs), batches, device, cfg, args.warmup),
+                )
+                rows.append(row(model, loop, graphs, cuda, result) if result else f"| {label}: failed |")
                 print(rows[-1], flush=True)
     header = machine_header("step", argv)
     header.insert(2, f"- data {args.data}, batch {args.batch_size}, {torch.get_num_threads()} torch threads")
     write_report("Training step vs its GEMM floor", header, rows, args.out)
-    return 0
+    return 1 if failures else 0
 
 
 def row(model: str, loop: str, graphs: bool, cuda: bool, r: dict) -> str:

@@ -102,3 +102,43 @@ def test_fit_samples_on_the_gpu_under_auto_placement(ds):
     assert dm.placement().on_device and dm.placement().features_resident
     assert isinstance(dm.device_loader, DeviceResidentLoader) and dm.pipeline_loader is None
     assert not dm.device_loader.producer_alive()
+
+
+@pytest.mark.parametrize("aggregate", [True, False], ids=["aggregated", "rows"])
+def test_the_sampler_process_gives_the_threads_batches_on_the_gpu(ds, aggregate):
+    # same per-batch seeds on the same device: the same Philox draws, by IPC from the child
+    source = BatchSource(
+        ds, NeighborSampler(ds.graph, [5, 5], "mean"), 256, seed=4, aggregate_inputs=aggregate
+    )
+    thread = cuda_loader(source)
+    process = DeviceResidentLoader(source, Placement(CUDA, CUDA, "test"), 2, device_sampler="process")
+    try:
+        for epoch in (0, 1):
+            thread.set_epoch(epoch)
+            process.set_epoch(epoch)
+            expected, got = list(thread), list(process)
+            assert len(expected) == len(got) > 0
+            for a, b in zip(expected, got):
+                assert b.input_nodes.is_cuda and torch.equal(a.input_nodes, b.input_nodes)
+                assert torch.equal(a.labels, b.labels)
+                for name in ("features", "aggregated"):
+                    x, y = getattr(a, name), getattr(b, name)
+                    assert (x is None) == (y is None), name
+                    if x is not None:
+                        torch.testing.assert_close(x, y)
+                for p, q in zip(a.blocks, b.blocks):
+                    assert torch.equal(p.indptr, q.indptr) and torch.equal(p.indices, q.indices)
+                    torch.testing.assert_close(p.weights, q.weights)
+        assert process.process is not None and process.process.alive()
+    finally:
+        thread.shutdown()
+        process.shutdown()
+    assert process.process is None
+
+
+def test_fit_with_the_sampler_process_on_the_gpu(ds):
+    dm = MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=256, mode="device", device_sampler="process"
+    )
+    make_trainer(max_epochs=2, accelerator="gpu", devices=1).fit(seeded_module(ds), dm)
+    assert dm.device_loader.process is None and not dm.device_loader.producer_alive()

@@ -1,0 +1,173 @@
+"""Device-resident sampling in a process of its own (``DeviceResidentLoader(device_sampler="process")``).
+
+Why: a producer thread shares the training process's interpreter. On a GPU a batch is a few
+hundred small launches made from Python, and they take turns with the training loop's own Python
+on the interpreter lock, so a batch costs about the sum of the two. A spawned process samples on
+the same device from the graph the training process already moved there (its tensors reach the
+child by CUDA IPC, not copied) and hands each batch back as IPC handles. The training process
+copies the batch into memory of its own on the producer stream, a few device copies, before it
+lets the child's go: a process that frees CUDA IPC memory it received first synchronises its
+current stream, and that must be the producer's, never the training stream.
+
+Only for resident features without a feature cache (the child cannot follow a cache's refresh or
+host-side gathers); ``DeviceResidentLoader`` keeps the thread otherwise.
+
+Protocol over one pipe. Parent to child: ``("run", run, requests, credit)`` replaces whatever the
+child had left with ``requests`` (``(index, seeds, rng_seed)``, in order); ``("ack", run)`` after
+each batch taken; ``None`` to exit. Child to parent: ``("batch", run, batch)`` or ``("error",
+run, traceback)``. The child runs at most ``credit`` batches ahead of the acks; the parent drops
+what a run it left early still sends. On the CPU the same code runs with shared-memory tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from lightning_mqgnn.pipeline.resident import ResidentGraph, produce_resident
+from lightning_mqgnn.sampling.batch import MiniBatch
+
+POLL_S = 0.1  # how often a waiting parent checks the child is alive and the epoch not stopped
+JOIN_S = 5.0
+
+
+class SamplerProcessError(RuntimeError):
+    """The device sampler process failed or died."""
+
+
+def _serve(conn, resident: ResidentGraph, input_aggregation: str | None) -> None:
+    """The child: answer runs of requests until ``None`` or the parent is gone."""
+    torch.set_num_threads(1)
+    cuda = resident.device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(resident.device)
+    run, pending, credit, unacked = -1, deque(), 0, 0
+
+    def handle(message) -> bool:
+        nonlocal run, pending, credit, unacked
+        if message is None:
+            return False
+        if message[0] == "run":
+            _, run, requests, credit = message
+            pending, unacked = deque(requests), 0
+        elif message[0] == "ack" and message[1] == run:
+            unacked -= 1
+        return True
+
+    with contextlib.suppress(EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        while True:
+            if not pending or unacked >= credit:
+                if not handle(conn.recv()):
+                    return
+                continue
+            while conn.poll():
+                if not handle(conn.recv()):
+                    return
+            if not pending or unacked >= credit:
+                continue
+            index, seeds, rng_seed = pending.popleft()
+            t0 = time.perf_counter()
+            try:
+                batch = produce_resident(
+                    resident, torch.from_numpy(seeds), rng_seed, index, input_aggregation
+                )
+                if cuda:
+                    torch.cuda.current_stream().synchronize()
+            except Exception:
+                conn.send(("error", run, traceback.format_exc()))
+                pending.clear()
+                continue
+            batch.meta["prep_s"] = time.perf_counter() - t0
+            try:
+                conn.send(("batch", run, batch))
+            except RuntimeError:  # a tensor aliases memory this child received: send a copy
+                conn.send(("batch", run, batch.clone()))
+            unacked += 1
+            del batch
+            if cuda:
+                torch.cuda.ipc_collect()  # blocks the parent has let go of return to this allocator
+
+
+class SamplerProcess:
+    """A spawned child sampling from ``resident`` (shared, not copied) for the parent's epochs."""
+
+    def __init__(self, resident: ResidentGraph, input_aggregation: str | None):
+        ctx = torch.multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_serve, args=(child, resident, input_aggregation), name="mqgnn-device-sampler", daemon=True
+        )
+        self.process.start()
+        child.close()
+        self._run = 0
+        self._held: MiniBatch | None = None  # the last batch received: its IPC mappings stay open
+
+    def batches(
+        self, requests: list[tuple[int, Tensor, int]], credit: int, stop: threading.Event
+    ) -> Iterator[MiniBatch]:
+        """The batches of ``requests`` in order, each a copy in this process's memory made on the
+        current stream; ends early, without error, once ``stop`` is set."""
+        self._run += 1
+        run = self._run
+        wire = [(index, seeds.cpu().numpy(), int(rng)) for index, seeds, rng in requests]
+        self._send(("run", run, wire, max(1, int(credit))))
+        for _ in requests:
+            message = self._next_of(run, stop)
+            if message is None:
+                return
+            kind, payload = message
+            if kind == "error":
+                raise SamplerProcessError(f"the device sampler process failed:\n{payload}")
+            own = payload.clone()
+            self._held = payload
+            yield own
+            self._send(("ack", run))
+
+    def _next_of(self, run: int, stop: threading.Event) -> tuple[str, object] | None:
+        """The next message of ``run`` (older runs' are dropped), or None once ``stop`` is set."""
+        while True:
+            while not self.conn.poll(POLL_S):
+                if stop.is_set():
+                    return None
+                if not self.process.is_alive():
+                    raise self._died()
+            try:
+                kind, message_run, payload = self.conn.recv()
+            except (EOFError, ConnectionResetError) as exc:
+                raise self._died() from exc
+            if message_run == run:
+                return kind, payload
+
+    def _died(self) -> SamplerProcessError:
+        self.process.join(JOIN_S)
+        return SamplerProcessError(
+            f"the device sampler process exited (exit code {self.process.exitcode}) during an epoch"
+        )
+
+    def _send(self, message) -> None:
+        try:
+            self.conn.send(message)
+        except (BrokenPipeError, ConnectionResetError, OSError) as exc:
+            raise self._died() from exc
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def close(self) -> None:
+        """Ask the child to exit, then make sure it did (idempotent)."""
+        self._held = None
+        with contextlib.suppress(Exception):
+            self.conn.send(None)
+        self.process.join(JOIN_S)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(JOIN_S)
+        with contextlib.suppress(Exception):
+            self.conn.close()
