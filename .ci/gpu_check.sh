@@ -9,9 +9,9 @@
 #   pipeline  products_like_1m (1.03M nodes), 2-layer SAGE and GCN 5,5: sequential, CPU-worker
 #             pipeline and device-resident, whole epochs, CUDA graphs on and off (bench.py
 #             device_sampling --parts speed; <= 300 s)
-#   sampler   device-resident sampling in a thread of the training process against a spawned
-#             sampler process: products_like scale 1.0, SALIENT's and the paper's configuration,
-#             CUDA graphs off and on (bench.py device_sampling --parts speed; <= 300 s)
+#   sampler   device-resident sampling in a thread of the training process against 1, 2 and 3
+#             sampler processes: products_like scale 1.0, SALIENT's and the paper's
+#             configuration (bench.py device_sampling --parts speed; <= 300 s)
 #   device    the device-sampling benchmark at its defaults: products_like scale 1.0, SALIENT's
 #             and the paper's configuration, all four loaders, host-sync census, accuracy (<= 420 s)
 # Results (markdown and JSON, rewritten after every measurement) go to $OUT when set, else
@@ -79,8 +79,9 @@ for stage in $STAGES; do
         --epochs 3 --batches 0 --cuda-graphs on,off --out "$OUT_DIR/products_1m" ${PIPELINE_ARGS:-} ;;
     sampler)
       run_stage "device sampling: thread or process" 300 "$OUT_DIR/sampler.txt" \
-        "$PYTHON" recipes/bench.py device_sampling --configs salient,paper --loaders device,device_process \
-        --parts speed --epochs 3 --cuda-graphs off,on --out "$OUT_DIR/sampler" ;;
+        "$PYTHON" recipes/bench.py device_sampling --configs salient,paper \
+        --loaders device,device_process1,device_process2,device_process3 --parts speed --epochs 3 \
+        --out "$OUT_DIR/sampler" ;;
     device)
       # shellcheck disable=SC2086
       run_stage "device sampling benchmark" 420 "$OUT_DIR/device.txt" \

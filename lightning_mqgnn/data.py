@@ -48,9 +48,10 @@ class MQGNNDataModule(pl.LightningDataModule):
     whatever ``mode`` says, with a device queue of ``queue_size``; features that do not fit stay
     in host memory (logged). ``mode="device"`` asks for that loader on the training device
     whatever it is (on a CPU trainer: the same code on the CPU). ``device_sampler="process"``
-    samples there in a spawned process instead of a thread of the training process
-    (``pipeline/sampler_process.py``: the two no longer share an interpreter); resident features
-    without a feature cache only, else the thread.
+    samples there in ``sampler_processes`` spawned processes, taking the batches in turn, instead
+    of a thread of the training process (``pipeline/sampler_process.py``: sampling no longer
+    shares the training loop's interpreter); resident features without a feature cache only, else
+    the thread.
     """
 
     def __init__(
@@ -76,6 +77,7 @@ class MQGNNDataModule(pl.LightningDataModule):
         sample_on: str = "cpu",
         features_on: str = "auto",
         device_sampler: str = "thread",
+        sampler_processes: int = 2,
     ):
         super().__init__()
         if mode not in MODES:
@@ -85,7 +87,10 @@ class MQGNNDataModule(pl.LightningDataModule):
         self.features_on = check_place("features_on", features_on)
         if device_sampler not in DEVICE_SAMPLERS:
             raise ValueError(f"device_sampler must be one of {DEVICE_SAMPLERS}, got {device_sampler!r}")
+        if sampler_processes < 1:
+            raise ValueError(f"sampler_processes must be >= 1, got {sampler_processes}")
         self.device_sampler = device_sampler
+        self.sampler_processes = sampler_processes
         self._placement: Placement | None = None
         self.device_loader: DeviceResidentLoader | None = None
         self.aggregate_inputs = aggregate_inputs
@@ -203,6 +208,7 @@ class MQGNNDataModule(pl.LightningDataModule):
                 self.epoch_plan,
                 self.settings.memory_margin,
                 self.device_sampler,
+                self.sampler_processes,
             )
         return self.device_loader
 

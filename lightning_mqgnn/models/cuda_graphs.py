@@ -206,7 +206,6 @@ class _Graph:
 
     padded: PaddedBatch
     params: tuple[nn.Parameter, ...]  # the trainable ones, where they lived at capture
-    pointers: tuple[int, ...]
     forward: torch.cuda.CUDAGraph
     backward: torch.cuda.CUDAGraph
     loss: Tensor
@@ -263,9 +262,7 @@ def capture(module: nn.Module, padded: PaddedBatch) -> _Graph:
     grad_loss = torch.empty_like(loss)
     with torch.cuda.graph(backward, pool=pool, capture_error_mode="thread_local"):
         grads = torch.autograd.grad(loss, leaves, grad_outputs=grad_loss)
-    return _Graph(
-        padded, params, trainable_pointers(module), forward, backward, loss.detach(), grad_loss, grads
-    )
+    return _Graph(padded, params, forward, backward, loss.detach(), grad_loss, grads)
 
 
 class CUDAGraphSteps:
@@ -277,22 +274,26 @@ class CUDAGraphSteps:
 
     def __init__(self):
         self._graphs: dict[BucketShape, _Graph] = {}
+        self._pointers: tuple[int, ...] = ()  # the parameters' addresses every graph was captured with
 
     @property
     def num_graphs(self) -> int:
         return len(self._graphs)
 
     def __getstate__(self) -> dict:  # graphs live in one process's device memory: not copied
-        return {"_graphs": {}}
+        return {"_graphs": {}, "_pointers": ()}
 
     def loss(self, module: nn.Module, batch: MiniBatch) -> Tensor | None:
         shape = bucket_of(batch)
         if shape is None:
             return None
+        pointers = trainable_pointers(module)
+        if pointers != self._pointers:
+            # the parameters were moved or replaced: no graph captured before may replay, and a
+            # bucket first seen now must not keep one of those alive beside it
+            self._graphs.clear()
+            self._pointers = pointers
         graph = self._graphs.get(shape)
-        if graph is not None and graph.pointers != trainable_pointers(module):
-            self._graphs.clear()  # the parameters were moved or replaced since the capture
-            graph = None
         if graph is not None:
             graph.padded.fill(batch)
         else:

@@ -43,7 +43,7 @@ from lightning_mqgnn.pipeline.placement import Placement, decide_placement, free
 from lightning_mqgnn.pipeline.plan import EpochPlan
 from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize
 from lightning_mqgnn.pipeline.resident import ResidentGraph, produce_resident
-from lightning_mqgnn.pipeline.sampler_process import SamplerProcess
+from lightning_mqgnn.pipeline.sampler_process import SamplerProcesses
 from lightning_mqgnn.pipeline.settings import check_queue_size
 from lightning_mqgnn.pipeline.source import BatchSource
 from lightning_mqgnn.pipeline.transfer import DeviceMover, batch_nbytes
@@ -98,6 +98,7 @@ class DeviceResidentLoader(QueuedLoader):
         plan: EpochPlan | Callable[[], EpochPlan] | None = None,
         memory_margin: float = 0.1,
         device_sampler: str = "thread",
+        sampler_processes: int = 2,
     ):
         check_queue_size(queue_size)
         if device_sampler not in DEVICE_SAMPLERS:
@@ -109,7 +110,11 @@ class DeviceResidentLoader(QueuedLoader):
         self.sizer.device = self.placement.sample_on
         self.mover = DeviceMover(self.placement.sample_on)
         self.resident: ResidentGraph | None = None
-        self.process: SamplerProcess | None = None
+        self.sampler_processes = sampler_processes
+        self.process: SamplerProcesses | None = None
+        self._shared = False  # the processes hold the resident graph
+        if device_sampler == "process":
+            self._start_processes()
         self._run: _DeviceEpoch | None = None
 
     def __iter__(self) -> Iterator[MiniBatch]:
@@ -122,7 +127,10 @@ class DeviceResidentLoader(QueuedLoader):
         if self.resident is None:
             self.resident = ResidentGraph.build(self.source, self.placement)
         if self.device_sampler == "process" and self.process is None:
-            self._start_process()
+            self._start_processes()
+        if self.process is not None and not self._shared:
+            self.process.share(self.resident, self.source.input_aggregation)
+            self._shared = True
         plan = self.plan()
         cache = self.source.feature_cache
         if self.mover.cuda:  # nothing the last producer launched still reads what is rewritten here
@@ -137,17 +145,21 @@ class DeviceResidentLoader(QueuedLoader):
             self.mover.stream.wait_stream(torch.cuda.current_stream(self.mover.device))
         return plan.epoch, self.source.epoch_seeds(plan.epoch, plan.rank, plan.world_size)
 
-    def _start_process(self) -> None:
-        r = self.resident
-        if r.cache is not None or not r.features_resident:
+    def _start_processes(self) -> None:
+        """Spawn the sampler processes now, so they import and set up while the graph moves;
+        where they cannot serve this source, say why and keep the thread."""
+        if self.source.feature_cache is not None or not self.placement.features_resident:
+            why = "a feature cache" if self.source.feature_cache is not None else "features on the host"
             log.info(
-                "device_sampler=process needs resident features and no feature cache; sampling in a "
-                "thread instead (%s)",
-                "feature cache" if r.cache is not None else "features on the host",
+                "device_sampler=process needs resident features and no feature cache; %s: a thread samples",
+                why,
             )
             self.device_sampler = "thread"
             return
-        self.process = SamplerProcess(r, self.source.input_aggregation)
+        device = self.placement.sample_on
+        if device.type == "cuda" and device.index is None:  # "cuda": the current device, by index
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.process = SamplerProcesses(device, self.sampler_processes)
 
     def epoch_batches(self, epoch: int, seeds: list[Tensor], stop: threading.Event) -> Iterator[MiniBatch]:
         """The epoch's batches in order, each finished on the producer stream (the caller's
@@ -187,6 +199,7 @@ class DeviceResidentLoader(QueuedLoader):
         if self.process is not None:
             self.process.close()
             self.process = None
+            self._shared = False
 
     def producer_alive(self) -> bool:
         run = self._run

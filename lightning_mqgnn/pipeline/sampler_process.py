@@ -1,4 +1,4 @@
-"""Device-resident sampling in a process of its own (``DeviceResidentLoader(device_sampler="process")``).
+"""Device-resident sampling in processes of their own (``DeviceResidentLoader(device_sampler="process")``).
 
 Why: a producer thread shares the training process's interpreter. On a GPU a batch is a few
 hundred small launches made from Python, and they take turns with the training loop's own Python
@@ -9,14 +9,20 @@ copies the batch into memory of its own on the producer stream, a few device cop
 lets the child's go: a process that frees CUDA IPC memory it received first synchronises its
 current stream, and that must be the producer's, never the training stream.
 
-Only for resident features without a feature cache (the child cannot follow a cache's refresh or
-host-side gathers); ``DeviceResidentLoader`` keeps the thread otherwise.
+Several such processes (``SamplerProcesses``) take the batches of an epoch in turn, batch ``i``
+going to process ``i mod n``: each batch is seeded by its index, so the batches are the same
+whoever samples them. Only for resident features without a feature cache (a child cannot follow
+a cache's refresh or host-side gathers); ``DeviceResidentLoader`` keeps the thread otherwise.
 
-Protocol over one pipe. Parent to child: ``("run", run, requests, credit)`` replaces whatever the
-child had left with ``requests`` (``(index, seeds, rng_seed)``, in order); ``("ack", run)`` after
-each batch taken; ``None`` to exit. Child to parent: ``("batch", run, batch)`` or ``("error",
-run, traceback)``. The child runs at most ``credit`` batches ahead of the acks; the parent drops
-what a run it left early still sends. On the CPU the same code runs with shared-memory tensors.
+Protocol over one pipe per child. Parent to child: ``("graph", resident, aggregation)`` first
+(the child starts, imports and makes its CUDA context while the parent still moves the graph);
+``("run", run, requests, credit)`` replaces whatever the child had left with ``requests``
+(``(index, seeds, rng_seed)``, in order); ``("ack", run)`` after each batch taken; ``None`` to
+end. Child to parent: ``("batch", run, batch)`` or ``("error", run, traceback)``, and
+``("closed", -1, None)`` after ``None``, when it waits for the parent to hang up: the parent first
+opens and releases whatever was still on its way, so no IPC memory is left shared when the child
+exits. The child runs at most ``credit`` batches ahead of the acks; the parent drops what a run
+it left early still sends. On the CPU the same code runs with shared-memory tensors.
 """
 
 from __future__ import annotations
@@ -39,15 +45,27 @@ JOIN_S = 5.0
 
 
 class SamplerProcessError(RuntimeError):
-    """The device sampler process failed or died."""
+    """A device sampler process failed or died."""
 
 
-def _serve(conn, resident: ResidentGraph, input_aggregation: str | None) -> None:
-    """The child: answer runs of requests until ``None`` or the parent is gone."""
+def _serve(conn, device: torch.device) -> None:
+    """The child: set up ``device``, take the graph, answer runs of requests until ``None``."""
     torch.set_num_threads(1)
-    cuda = resident.device.type == "cuda"
+    cuda = device.type == "cuda"
     if cuda:
-        torch.cuda.set_device(resident.device)
+        torch.cuda.set_device(device)
+        torch.cuda.init()
+    with contextlib.suppress(EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        message = conn.recv()
+        if message is not None:
+            _, resident, input_aggregation = message
+            _answer(conn, resident, input_aggregation, cuda)
+            del resident
+        conn.send(("closed", -1, None))
+        conn.recv()  # raises EOFError once the parent has released what it received and hung up
+
+
+def _answer(conn, resident: ResidentGraph, input_aggregation: str | None, cuda: bool) -> None:
     run, pending, credit, unacked = -1, deque(), 0, 0
 
     def handle(message) -> bool:
@@ -61,53 +79,54 @@ def _serve(conn, resident: ResidentGraph, input_aggregation: str | None) -> None
             unacked -= 1
         return True
 
-    with contextlib.suppress(EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
-        while True:
-            if not pending or unacked >= credit:
-                if not handle(conn.recv()):
-                    return
-                continue
-            while conn.poll():
-                if not handle(conn.recv()):
-                    return
-            if not pending or unacked >= credit:
-                continue
-            index, seeds, rng_seed = pending.popleft()
-            t0 = time.perf_counter()
-            try:
-                batch = produce_resident(
-                    resident, torch.from_numpy(seeds), rng_seed, index, input_aggregation
-                )
-                if cuda:
-                    torch.cuda.current_stream().synchronize()
-            except Exception:
-                conn.send(("error", run, traceback.format_exc()))
-                pending.clear()
-                continue
-            batch.meta["prep_s"] = time.perf_counter() - t0
-            try:
-                conn.send(("batch", run, batch))
-            except RuntimeError:  # a tensor aliases memory this child received: send a copy
-                conn.send(("batch", run, batch.clone()))
-            unacked += 1
-            del batch
+    while True:
+        if not pending or unacked >= credit:
+            if not handle(conn.recv()):
+                return
+            continue
+        while conn.poll():
+            if not handle(conn.recv()):
+                return
+        if not pending or unacked >= credit:
+            continue
+        index, seeds, rng_seed = pending.popleft()
+        t0 = time.perf_counter()
+        try:
+            batch = produce_resident(resident, torch.from_numpy(seeds), rng_seed, index, input_aggregation)
             if cuda:
-                torch.cuda.ipc_collect()  # blocks the parent has let go of return to this allocator
+                torch.cuda.current_stream().synchronize()
+        except Exception:
+            conn.send(("error", run, traceback.format_exc()))
+            pending.clear()
+            continue
+        batch.meta["prep_s"] = time.perf_counter() - t0
+        try:
+            conn.send(("batch", run, batch))
+        except RuntimeError:  # a tensor aliases memory this child received: send a copy
+            conn.send(("batch", run, batch.clone()))
+        unacked += 1
+        del batch
+        if cuda:
+            torch.cuda.ipc_collect()  # blocks the parent has let go of return to this allocator
 
 
 class SamplerProcess:
-    """A spawned child sampling from ``resident`` (shared, not copied) for the parent's epochs."""
+    """A spawned child on ``device``; after ``share(resident, ...)`` it samples from ``resident``
+    (shared, not copied) for the parent's epochs."""
 
-    def __init__(self, resident: ResidentGraph, input_aggregation: str | None):
+    def __init__(self, device: torch.device):
         ctx = torch.multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
-            target=_serve, args=(child, resident, input_aggregation), name="mqgnn-device-sampler", daemon=True
+            target=_serve, args=(child, device), name="mqgnn-device-sampler", daemon=True
         )
         self.process.start()
         child.close()
         self._run = 0
         self._held: MiniBatch | None = None  # the last batch received: its IPC mappings stay open
+
+    def share(self, resident: ResidentGraph, input_aggregation: str | None) -> None:
+        self._send(("graph", resident, input_aggregation))
 
     def batches(
         self, requests: list[tuple[int, Tensor, int]], credit: int, stop: threading.Event
@@ -161,13 +180,54 @@ class SamplerProcess:
         return self.process.is_alive()
 
     def close(self) -> None:
-        """Ask the child to exit, then make sure it did (idempotent)."""
+        """Ask the child to end, release what it still sent, hang up, and make sure it exited
+        (idempotent)."""
         self._held = None
         with contextlib.suppress(Exception):
             self.conn.send(None)
+            deadline = time.monotonic() + JOIN_S
+            while self.conn.poll(max(0.0, deadline - time.monotonic())):
+                if self.conn.recv()[0] == "closed":  # batches on their way are opened and dropped
+                    break
+        with contextlib.suppress(Exception):
+            self.conn.close()
         self.process.join(JOIN_S)
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(JOIN_S)
-        with contextlib.suppress(Exception):
-            self.conn.close()
+
+
+class SamplerProcesses:
+    """``n`` sampler processes on ``device`` taking an epoch's batches in turn."""
+
+    def __init__(self, device: torch.device, n: int):
+        if n < 1:
+            raise ValueError(f"sampler_processes must be >= 1, got {n}")
+        self.members = [SamplerProcess(device) for _ in range(n)]
+
+    def share(self, resident: ResidentGraph, input_aggregation: str | None) -> None:
+        for member in self.members:
+            member.share(resident, input_aggregation)
+
+    def batches(
+        self, requests: list[tuple[int, Tensor, int]], credit: int, stop: threading.Event
+    ) -> Iterator[MiniBatch]:
+        """``requests``' batches in order, request ``i`` made by member ``i mod n``. A member's
+        ack goes out when its next batch is asked for, so its credit is one more."""
+        n = len(self.members)
+        turns = [m.batches(requests[k::n], credit + (n > 1), stop) for k, m in enumerate(self.members)]
+        for i in range(len(requests)):
+            batch = next(turns[i % n], None)
+            if batch is None:  # stopped
+                return
+            yield batch
+
+    def alive(self) -> bool:
+        return any(m.alive() for m in self.members)
+
+    def pids(self) -> list[int]:
+        return [m.process.pid for m in self.members]
+
+    def close(self) -> None:
+        for member in self.members:
+            member.close()

@@ -5,7 +5,8 @@ SALIENT's configuration (3-layer SAGE, fan-out 15,10,5 from the output layer, ba
 256) and the paper's (2-layer SAGE, fan-out 5,5; ``paper_gcn``: the same with GCN), each with
   sequential (CPU sampling in the training process) | pipeline (CPU sampler workers, the
   multi-queue pipeline) | device (DeviceResidentLoader: graph and features on the GPU, sampled
-  by a thread of the training process) | device_process (the same, sampled by a spawned process).
+  by a thread of the training process) | device_process (the same, sampled by spawned processes
+  taking the batches in turn; ``device_processN``: N of them, else the loader's default).
 The CPU loaders train ``--batches`` batches an epoch, the device loader ``--device-batches`` (0:
 the whole epoch). Reports the epoch time over those batches (mean over epochs 2..E, the first
 beside it) and the whole epoch it implies, trimmed batch time, GPU busy fraction (NVML), peak
@@ -182,8 +183,17 @@ def trainer_for(callbacks, epochs: int, batches: int | None, validate: bool = Fa
     )
 
 
+def loader_options(loader: str) -> dict:
+    """``LOADERS[loader]``; ``device_processN``: ``device_process`` with N sampler processes."""
+    base = loader.rstrip("0123456789")
+    options = dict(LOADERS[base])
+    if base != loader:
+        options["sampler_processes"] = int(loader[len(base) :])
+    return options
+
+
 def datamodule(ds: GraphDataset, loader: str, config: dict, batch_size: int, seed: int, workers):
-    options = dict(LOADERS[loader])
+    options = loader_options(loader)
     if loader == "pipeline":
         options["num_workers"] = workers
     aggregation = AGGREGATION_OF_CONV[config.get("conv", "sage")]
@@ -410,7 +420,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     for name, known, what in (
         (args.parts, PARTS, "part"),
         (args.configs, CONFIGS, "config"),
-        (args.loaders, LOADERS, "loader"),
+        (
+            [x.rstrip("0123456789") if x.startswith("device_process") else x for x in args.loaders],
+            LOADERS,
+            "loader",
+        ),
     ):
         unknown = sorted(set(name) - set(known))
         if unknown:

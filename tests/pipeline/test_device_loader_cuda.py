@@ -111,7 +111,9 @@ def test_the_sampler_process_gives_the_threads_batches_on_the_gpu(ds, aggregate)
         ds, NeighborSampler(ds.graph, [5, 5], "mean"), 256, seed=4, aggregate_inputs=aggregate
     )
     thread = cuda_loader(source)
-    process = DeviceResidentLoader(source, Placement(CUDA, CUDA, "test"), 2, device_sampler="process")
+    process = DeviceResidentLoader(
+        source, Placement(CUDA, CUDA, "test"), 2, device_sampler="process", sampler_processes=2
+    )
     try:
         for epoch in (0, 1):
             thread.set_epoch(epoch)
@@ -138,7 +140,12 @@ def test_the_sampler_process_gives_the_threads_batches_on_the_gpu(ds, aggregate)
 
 def test_fit_with_the_sampler_process_on_the_gpu(ds):
     dm = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=256, mode="device", device_sampler="process"
+        ds,
+        NeighborSampler(ds.graph, [5, 5]),
+        batch_size=256,
+        mode="device",
+        sample_on="auto",
+        device_sampler="process",
     )
     make_trainer(max_epochs=2, accelerator="gpu", devices=1).fit(seeded_module(ds), dm)
     assert dm.device_loader.process is None and not dm.device_loader.producer_alive()

@@ -30,8 +30,10 @@ def ds():
     return small_dataset(1500)
 
 
-def process_loader(source, queue_size=2) -> DeviceResidentLoader:
-    return DeviceResidentLoader(source, queue_size=queue_size, device_sampler="process")
+def process_loader(source, queue_size=2, processes=1) -> DeviceResidentLoader:
+    return DeviceResidentLoader(
+        source, queue_size=queue_size, device_sampler="process", sampler_processes=processes
+    )
 
 
 @pytest.mark.parametrize("variant", ["sage", "ladies_fd"])
@@ -41,18 +43,18 @@ def test_the_sampler_process_gives_the_sequential_batches(ds, variant):
     else:
         sampler, aggregate = LADIESSampler(ds.graph, [256, 128], flat=True, debias=True), False
     source = BatchSource(ds, sampler, batch_size=256, seed=3, aggregate_inputs=aggregate)
-    seq, dev = SequentialLoader(source), process_loader(source)
+    seq, dev = SequentialLoader(source), process_loader(source, processes=2)
     try:
         for epoch in (0, 1):
             seq.set_epoch(epoch)
             dev.set_epoch(epoch)
             assert_same_batches(list(seq), list(dev))
-        assert dev.process is not None and dev.process.alive()  # one child for every epoch
-        pid = dev.process.process.pid
+        assert dev.process is not None and dev.process.alive()  # the same children for every epoch
+        pids = dev.process.pids()
     finally:
         dev.shutdown()
     assert dev.process is None and not dev.producer_alive()
-    assert_gone([pid])
+    assert_gone(pids)
 
 
 def test_an_epoch_left_early_does_not_leak_into_the_next(ds):
@@ -78,9 +80,9 @@ def test_a_failure_in_the_process_surfaces_within_seconds_with_its_traceback(ds)
             pass
     assert time.monotonic() - start < 5.0
     assert "injected sampler failure on call 3" in str(info.value.__cause__)
-    pid = dev.process.process.pid
+    pids = dev.process.pids()
     dev.shutdown()
-    assert_gone([pid])
+    assert_gone(pids)
 
 
 def test_a_killed_sampler_process_fails_the_epoch_within_seconds(ds):
@@ -88,7 +90,7 @@ def test_a_killed_sampler_process_fails_the_epoch_within_seconds(ds):
     try:
         it = iter(dev)
         next(it)
-        os.kill(dev.process.process.pid, signal.SIGKILL)
+        os.kill(dev.process.pids()[0], signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(RuntimeError, match="device-resident sampling failed") as info:
             for _ in it:
@@ -122,11 +124,11 @@ def test_fit_with_the_sampler_process_trains_like_the_thread(ds):
 def test_a_feature_cache_keeps_the_thread_and_says_so(ds, caplog):
     cache = GNSCache(ds.graph, ds.train_idx, fraction=0.05, fanouts=(5, 5), seed=0)
     source = BatchSource(ds, GNSSampler(ds.graph, [5, 5], cache), 256, feature_cache=cache)
-    dev = process_loader(source)
     with caplog.at_level(logging.INFO, logger="lightning_mqgnn.pipeline.device_loader"):
+        dev = process_loader(source)
         batches = list(dev)
     assert batches and dev.process is None and dev.device_sampler == "thread"
-    assert "sampling in a thread instead (feature cache)" in caplog.text
+    assert "a feature cache: a thread samples" in caplog.text
     dev.shutdown()
 
 
@@ -136,3 +138,5 @@ def test_the_device_sampler_option_is_checked(ds):
         MQGNNDataModule(ds, sampler, mode="device", device_sampler="subprocess")
     with pytest.raises(ValueError, match="device_sampler must be one of"):
         DeviceResidentLoader(BatchSource(ds, sampler), device_sampler="")
+    with pytest.raises(ValueError, match="sampler_processes must be >= 1, got 0"):
+        MQGNNDataModule(ds, sampler, mode="device", device_sampler="process", sampler_processes=0)
