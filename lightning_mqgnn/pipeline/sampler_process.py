@@ -28,6 +28,7 @@ it left early still sends. On the CPU the same code runs with shared-memory tens
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 import traceback
@@ -58,14 +59,15 @@ def _serve(conn, device: torch.device) -> None:
     with contextlib.suppress(EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         message = conn.recv()
         if message is not None:
-            _, resident, input_aggregation = message
-            _answer(conn, resident, input_aggregation, cuda)
-            del resident
+            _answer(conn, *message[1:], cuda)
+        del message  # the last reference to the shared graph here: its IPC mappings are released
+        gc.collect()  # (a sampler may hold it in a reference cycle) before the parent learns we are done
         conn.send(("closed", -1, None))
         conn.recv()  # raises EOFError once the parent has released what it received and hung up
 
 
 def _answer(conn, resident: ResidentGraph, input_aggregation: str | None, cuda: bool) -> None:
+    """Batches for the runs the parent sends, until ``None``."""
     run, pending, credit, unacked = -1, deque(), 0, 0
 
     def handle(message) -> bool:

@@ -90,6 +90,23 @@ def assert_gone(pids: list[int], within_s: float = 5.0) -> None:
     assert alive(pids) == [], f"orphan worker processes: {alive(pids)}"
 
 
+def assert_same_batches(expected, got) -> None:
+    """Two loaders' batches are the same, tensor for tensor."""
+    assert len(expected) == len(got) > 0
+    for a, b in zip(expected, got):
+        assert torch.equal(a.input_nodes, b.input_nodes)
+        assert torch.equal(a.output_nodes, b.output_nodes)
+        assert torch.equal(a.labels, b.labels)
+        for name in ("features", "aggregated"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), name
+        assert len(a.blocks) == len(b.blocks)
+        for p, q in zip(a.blocks, b.blocks):
+            assert (p.num_dst, p.num_src, p.dst_in_src) == (q.num_dst, q.num_src, q.dst_in_src)
+            assert torch.equal(p.indptr, q.indptr) and torch.equal(p.indices, q.indices)
+            assert torch.equal(p.weights, q.weights)
+
+
 def seeded_module(ds, seed: int = 0, hidden: int = 16):
     from lightning_mqgnn.models import NodeClassifier
 

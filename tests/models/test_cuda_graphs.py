@@ -169,10 +169,7 @@ def rerun_capture(module, padded):
             static.copy_(g)
 
     params = tuple(p for _, p in named)
-    pointers = cuda_graphs.trainable_pointers(module)
-    return cuda_graphs._Graph(
-        padded, params, pointers, _Rerun(forward), _Rerun(backward), loss, grad_loss, grads
-    )
+    return cuda_graphs._Graph(padded, params, _Rerun(forward), _Rerun(backward), loss, grad_loss, grads)
 
 
 def test_graph_steps_reuse_buckets_recapture_moved_parameters_and_train_as_eager(monkeypatch):
@@ -215,8 +212,12 @@ def test_graph_steps_reuse_buckets_recapture_moved_parameters_and_train_as_eager
     for model in models:
         for p in model.parameters():
             p.data = p.data.clone()
-    train(steps[1:2])
-    assert graphed._graph_steps.num_graphs == 1  # the move dropped every graph; one bucket since
+    fresh = batch_of(ds, "sage", True, ds.train_idx[300:330])  # a shape no graph was captured for
+    assert bucket_of(fresh) not in {bucket_of(b) for b in steps}
+    train([fresh, steps[1]])
+    # the move dropped every graph at the first step after it: the two buckets since, and the
+    # one first seen after the move is not dropped with the stale ones when an old shape returns
+    assert graphed._graph_steps.num_graphs == 2
     del old_storage
     for p, q in zip(graphed.parameters(), eager.parameters()):
         assert torch.allclose(p, q, rtol=1e-4, atol=1e-6)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from helpers.pipeline import make_trainer, seeded_module, small_dataset
+from helpers.pipeline import assert_same_batches, make_trainer, seeded_module, small_dataset
 
 from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader, resident_sizes
@@ -46,22 +46,6 @@ def sampler_variants(graph):
 
 
 VARIANTS = ["gcn", "sage"] + [n + s for n in ("fastgcn", "ladies") for s in ("", "_f", "_d", "_fd")]
-
-
-def assert_same_batches(expected, got):
-    assert len(expected) == len(got) > 0
-    for a, b in zip(expected, got):
-        assert torch.equal(a.input_nodes, b.input_nodes)
-        assert torch.equal(a.output_nodes, b.output_nodes)
-        assert torch.equal(a.labels, b.labels)
-        for name in ("features", "aggregated"):
-            x, y = getattr(a, name), getattr(b, name)
-            assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), name
-        assert len(a.blocks) == len(b.blocks)
-        for p, q in zip(a.blocks, b.blocks):
-            assert (p.num_dst, p.num_src, p.dst_in_src) == (q.num_dst, q.num_src, q.dst_in_src)
-            assert torch.equal(p.indptr, q.indptr) and torch.equal(p.indices, q.indices)
-            assert torch.equal(p.weights, q.weights)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -12,8 +12,14 @@ import time
 
 import pytest
 import torch
-from helpers.pipeline import FailInWorkerSampler, assert_gone, make_trainer, seeded_module, small_dataset
-from test_device_loader import assert_same_batches
+from helpers.pipeline import (
+    FailInWorkerSampler,
+    assert_gone,
+    assert_same_batches,
+    make_trainer,
+    seeded_module,
+    small_dataset,
+)
 
 from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader
