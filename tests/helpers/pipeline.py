@@ -9,6 +9,7 @@ import time
 
 import lightning.pytorch as pl
 import psutil
+import pytest
 import torch
 
 from lightning_mqgnn.data import MQGNNDataModule
@@ -105,6 +106,24 @@ def assert_same_batches(expected, got) -> None:
             assert (p.num_dst, p.num_src, p.dst_in_src) == (q.num_dst, q.num_src, q.dst_in_src)
             assert torch.equal(p.indptr, q.indptr) and torch.equal(p.indices, q.indices)
             assert torch.equal(p.weights, q.weights)
+
+
+def assert_epochs_agree(expected_loader, loader, epochs=(0, 1)) -> None:
+    """``loader`` gives ``expected_loader``'s batches in each of ``epochs``."""
+    for epoch in epochs:
+        expected_loader.set_epoch(epoch)
+        loader.set_epoch(epoch)
+        assert_same_batches(list(expected_loader), list(loader))
+
+
+def drain_raises_within(batches, seconds: float, match: str) -> pytest.ExceptionInfo:
+    """Iterating ``batches`` to the end raises a RuntimeError matching ``match`` within ``seconds``."""
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=match) as info:
+        for _ in batches:
+            pass
+    assert time.monotonic() - start < seconds
+    return info
 
 
 def seeded_module(ds, seed: int = 0, hidden: int = 16):
