@@ -38,6 +38,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from lightning_mqgnn import SAMPLER_PROCESS_NAME
 from lightning_mqgnn.pipeline.resident import ResidentGraph, produce_resident
 from lightning_mqgnn.sampling.batch import MiniBatch
 
@@ -120,7 +121,7 @@ class SamplerProcess:
         ctx = torch.multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
-            target=_serve, args=(child, device), name="mqgnn-device-sampler", daemon=True
+            target=_serve, args=(child, device), name=SAMPLER_PROCESS_NAME, daemon=True
         )
         self.process.start()
         child.close()

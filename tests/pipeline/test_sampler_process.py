@@ -1,13 +1,16 @@
 """Device-resident sampling in a spawned process (``device_sampler="process"``) on device=cpu: the
 code a GPU runs, with shared-memory tensors where a GPU passes CUDA IPC handles. Its batches are
 the thread's (and so SequentialLoader's), an epoch left early does not leak into the next, a
-failure or death of the child surfaces within seconds, and no process outlives the loader."""
+failure or death of the child surfaces within seconds, no process outlives the loader, and the
+children import no Lightning."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -21,6 +24,7 @@ from helpers.pipeline import (
     small_dataset,
 )
 
+from lightning_mqgnn import SAMPLER_PROCESS_NAME
 from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader
 from lightning_mqgnn.pipeline.sequential import SequentialLoader
@@ -53,6 +57,7 @@ def test_the_sampler_process_gives_the_sequential_batches(ds, variant):
     try:
         assert_epochs_agree(seq, dev)
         assert dev.process is not None and dev.process.alive()  # the same children for every epoch
+        assert [m.process.name for m in dev.process.members] == [SAMPLER_PROCESS_NAME] * 2
         pids = dev.process.pids()
     finally:
         dev.shutdown()
@@ -133,3 +138,15 @@ def test_the_device_sampler_option_is_checked(ds):
         DeviceResidentLoader(BatchSource(ds, sampler), device_sampler="")
     with pytest.raises(ValueError, match="sampler_processes must be >= 1, got 0"):
         MQGNNDataModule(ds, sampler, mode="device", device_sampler="process", sampler_processes=0)
+
+
+def test_a_process_with_the_sampler_name_samples_without_importing_lightning():
+    # a spawned child has its name before it unpickles its target (and so imports this package)
+    code = (
+        "import multiprocessing, sys\n"
+        f"multiprocessing.current_process().name = {SAMPLER_PROCESS_NAME!r}\n"
+        "import lightning_mqgnn.pipeline.sampler_process\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning'))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]"
