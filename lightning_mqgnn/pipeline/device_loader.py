@@ -7,7 +7,9 @@ producer thread samples and gathers every batch on a dedicated stream (CUDA: a
 ``torch.cuda.Stream``; CPU: no stream, the same code) into a bounded ``DeviceQueue`` of Q batches,
 recording an event after each; the training thread makes its stream wait on that event
 (``DeviceMover.hand_over``) instead of synchronising the host. Q is fixed or eq. 24-25
-(``AdaptiveQueueSize``) as in the multi-queue pipeline.
+(``AdaptiveQueueSize``) as in the multi-queue pipeline. With ``device_sampler="process"`` the
+thread relays batches that sampler processes make from the same resident graph
+(``sampler_process.py``), so sampling no longer shares the training loop's interpreter.
 
 Batches are seeded per (seed, epoch, batch index) and drawn from a generator on the sampling
 device (``rng.drawing_from``), never the default one the training thread's dropout uses: on the
@@ -87,7 +89,9 @@ class DeviceResidentLoader(QueuedLoader):
 
     ``plan``: as ``PipelinedLoader``'s; each rank samples its own share of the seeds
     (``plan.rank``/``world_size``) on its own device. The graph moves at the first epoch and
-    stays until the loader is collected; ``shutdown`` stops the running epoch's thread.
+    stays until the loader is collected; ``shutdown`` stops the running epoch's thread and the
+    sampler processes. ``device_sampler="process"``: ``sampler_processes`` spawned processes
+    sample and the thread relays their batches (``sampler_process``).
     """
 
     def __init__(
