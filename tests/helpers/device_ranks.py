@@ -1,6 +1,8 @@
 """Trains with the device-resident loader (device=cpu) on 2 CPU ranks and saves what each rank
-saw: run by tests/pipeline/test_device_distributed.py as ``python device_ranks.py OUT_DIR``."""
+saw: run by tests/pipeline/test_device_distributed.py as ``python device_ranks.py OUT_DIR
+[thread|process]`` (where the device-resident loader samples: ``device_sampler``)."""
 
+import multiprocessing
 import os
 import sys
 import threading
@@ -40,21 +42,32 @@ class CompareWithSequential(pl.Callback):
         self.seen.setdefault(epoch, []).append(batch.output_nodes.clone())
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, device_sampler: str) -> None:
     torch.set_num_threads(1)
     ds = small_dataset(1200)
     dm = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=100, mode="device", seed=2, aggregate_inputs=True
+        ds,
+        NeighborSampler(ds.graph, [5, 5]),
+        batch_size=100,
+        mode="device",
+        seed=2,
+        aggregate_inputs=True,
+        device_sampler=device_sampler,
     )
     check = CompareWithSequential()
     trainer = make_trainer([check], max_epochs=2, devices=2, strategy="ddp")
     trainer.fit(seeded_module(ds), dm)
     threads = [t.name for t in threading.enumerate() if t.name == "mqgnn-device-sampler" and t.is_alive()]
     torch.save(
-        {"seen": check.seen, "same": check.same, "threads": threads},
+        {
+            "seen": check.seen,
+            "same": check.same,
+            "threads": threads,
+            "processes": [p.name for p in multiprocessing.active_children()],
+        },
         os.path.join(out_dir, f"rank{trainer.global_rank}.pt"),
     )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "thread")
