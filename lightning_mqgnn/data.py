@@ -9,7 +9,11 @@ from typing_extensions import override
 
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models.inference import FullGraphLoader
-from lightning_mqgnn.pipeline.device_loader import DEVICE_SAMPLERS, DeviceResidentLoader, resolve_placement
+from lightning_mqgnn.pipeline.device_loader import (
+    DeviceResidentLoader,
+    check_device_sampler,
+    resolve_placement,
+)
 from lightning_mqgnn.pipeline.loader import PipelinedLoader
 from lightning_mqgnn.pipeline.placement import DEFAULT_MARGIN, Placement, check_place
 from lightning_mqgnn.pipeline.plan import EpochPlan
@@ -85,10 +89,7 @@ class MQGNNDataModule(pl.LightningDataModule):
         self.mode = mode
         self.sample_on = check_place("sample_on", sample_on)
         self.features_on = check_place("features_on", features_on)
-        if device_sampler not in DEVICE_SAMPLERS:
-            raise ValueError(f"device_sampler must be one of {DEVICE_SAMPLERS}, got {device_sampler!r}")
-        if sampler_processes < 1:
-            raise ValueError(f"sampler_processes must be >= 1, got {sampler_processes}")
+        check_device_sampler(device_sampler, sampler_processes)
         self.device_sampler = device_sampler
         self.sampler_processes = sampler_processes
         self._placement: Placement | None = None

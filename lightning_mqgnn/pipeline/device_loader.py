@@ -58,6 +58,15 @@ DEVICE_SAMPLERS = ("thread", "process")  # where the device-resident producer sa
 SCRATCH_BYTES_PER_NODE = 24  # the samplers' [N] scratch arrays (relabel slots, bitmaps, sums)
 
 
+def check_device_sampler(device_sampler: str, sampler_processes: int) -> None:
+    """``ValueError`` naming the option unless ``device_sampler`` is one of ``DEVICE_SAMPLERS``
+    and ``sampler_processes`` at least 1."""
+    if device_sampler not in DEVICE_SAMPLERS:
+        raise ValueError(f"device_sampler must be one of {DEVICE_SAMPLERS}, got {device_sampler!r}")
+    if sampler_processes < 1:
+        raise ValueError(f"sampler_processes must be >= 1, got {sampler_processes}")
+
+
 def resident_sizes(source: BatchSource) -> tuple[int, int]:
     """``(graph_bytes, feature_bytes)`` a device-resident run puts on the device: the sampler's
     state with its scratch arrays, the cache and the labels; the feature matrix."""
@@ -105,8 +114,7 @@ class DeviceResidentLoader(QueuedLoader):
         sampler_processes: int = 2,
     ):
         check_queue_size(queue_size)
-        if device_sampler not in DEVICE_SAMPLERS:
-            raise ValueError(f"device_sampler must be one of {DEVICE_SAMPLERS}, got {device_sampler!r}")
+        check_device_sampler(device_sampler, sampler_processes)
         self.device_sampler = device_sampler
         fixed_q = None if queue_size == "auto" else int(queue_size)
         super().__init__(source, plan, fixed_q, AdaptiveQueueSize(margin=memory_margin))
@@ -116,7 +124,6 @@ class DeviceResidentLoader(QueuedLoader):
         self.resident: ResidentGraph | None = None
         self.sampler_processes = sampler_processes
         self.process: SamplerProcesses | None = None
-        self._shared = False  # the processes hold the resident graph
         if device_sampler == "process":
             self._start_processes()
         self._run: _DeviceEpoch | None = None
@@ -132,9 +139,8 @@ class DeviceResidentLoader(QueuedLoader):
             self.resident = ResidentGraph.build(self.source, self.placement)
         if self.device_sampler == "process" and self.process is None:
             self._start_processes()
-        if self.process is not None and not self._shared:
+        if self.process is not None and not self.process.shared:
             self.process.share(self.resident, self.source.input_aggregation)
-            self._shared = True
         plan = self.plan()
         cache = self.source.feature_cache
         if self.mover.cuda:  # nothing the last producer launched still reads what is rewritten here
@@ -203,7 +209,6 @@ class DeviceResidentLoader(QueuedLoader):
         if self.process is not None:
             self.process.close()
             self.process = None
-            self._shared = False
 
     def producer_alive(self) -> bool:
         run = self._run

@@ -204,13 +204,13 @@ class SamplerProcesses:
     """``n`` sampler processes on ``device`` taking an epoch's batches in turn."""
 
     def __init__(self, device: torch.device, n: int):
-        if n < 1:
-            raise ValueError(f"sampler_processes must be >= 1, got {n}")
         self.members = [SamplerProcess(device) for _ in range(n)]
+        self.shared = False  # whether the members hold the resident graph yet
 
     def share(self, resident: ResidentGraph, input_aggregation: str | None) -> None:
         for member in self.members:
             member.share(resident, input_aggregation)
+        self.shared = True
 
     def batches(
         self, requests: list[tuple[int, Tensor, int]], credit: int, stop: threading.Event

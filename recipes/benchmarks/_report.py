@@ -56,7 +56,7 @@ def write_report(title: str, header: list[str], table: list[str], out: Path | No
 def attempt(label: str, measure: Callable[[], T]) -> T | None:
     """``measure()``, or None with the traceback on stderr when it raises: one failed measurement
     of a long run on a lent machine is reported and the others go on (the run still exits non-zero
-    through ``failures``)."""
+    through ``exit_status``)."""
     try:
         return measure()
     except Exception:
@@ -67,3 +67,10 @@ def attempt(label: str, measure: Callable[[], T]) -> T | None:
 
 
 failures: list[str] = []  # labels of the measurements ``attempt`` saw fail, in order
+
+
+def exit_status() -> int:
+    """The benchmark's exit code: 1, naming them, if any measurement failed, else 0."""
+    if failures:
+        print(f"failed: {', '.join(failures)}", flush=True)
+    return 1 if failures else 0

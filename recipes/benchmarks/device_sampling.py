@@ -44,7 +44,7 @@ import lightning.pytorch as pl
 import torch
 
 from benchmarks._cuda_graphs import CUDA_GRAPHS_HELP, cuda_graph_modes
-from benchmarks._report import attempt, failures, machine_header, write_report
+from benchmarks._report import attempt, exit_status, machine_header, write_report
 from benchmarks._sync_census import count_syncs, cuda_sync_count
 from lightning_mqgnn.callbacks import GPUBusyMonitor
 from lightning_mqgnn.callbacks.batch_timer import BatchTimer
@@ -183,12 +183,21 @@ def trainer_for(callbacks, epochs: int, batches: int | None, validate: bool = Fa
     )
 
 
-def loader_options(loader: str) -> dict:
-    """``LOADERS[loader]``; ``device_processN``: ``device_process`` with N sampler processes."""
+def split_loader(loader: str) -> tuple[str, int | None]:
+    """A ``--loaders`` name as ``(LOADERS key, sampler processes)``: ``device_processN`` is
+    ``device_process`` with N of them; any other name stands as it is, with None."""
     base = loader.rstrip("0123456789")
+    if base == "device_process" and base != loader:
+        return base, int(loader[len(base) :])
+    return loader, None
+
+
+def loader_options(loader: str) -> dict:
+    """The DataModule options of a ``--loaders`` name (``split_loader``)."""
+    base, processes = split_loader(loader)
     options = dict(LOADERS[base])
-    if base != loader:
-        options["sampler_processes"] = int(loader[len(base) :])
+    if processes is not None:
+        options["sampler_processes"] = processes
     return options
 
 
@@ -420,11 +429,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     for name, known, what in (
         (args.parts, PARTS, "part"),
         (args.configs, CONFIGS, "config"),
-        (
-            [x.rstrip("0123456789") if x.startswith("device_process") else x for x in args.loaders],
-            LOADERS,
-            "loader",
-        ),
+        ([split_loader(x)[0] for x in args.loaders], LOADERS, "loader"),
     ):
         unknown = sorted(set(name) - set(known))
         if unknown:
@@ -496,6 +501,4 @@ def main(argv: list[str]) -> int:
     write_report(
         "Device-resident sampling", header, table, args.out / "device_sampling.md" if args.out else None
     )
-    if failures:
-        print(f"failed: {', '.join(failures)}", flush=True)
-    return 1 if failures else 0
+    return exit_status()

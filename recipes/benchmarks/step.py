@@ -40,7 +40,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks._cuda_graphs import CUDA_GRAPHS_HELP, cuda_graph_modes
-from benchmarks._report import attempt, failures, machine_header, write_report
+from benchmarks._report import attempt, exit_status, machine_header, write_report
 from benchmarks._sync_census import cuda_sync_count
 from lightning_mqgnn.pipeline.produce import produce_batch
 from lightning_mqgnn.pipeline.schedule import epoch_batches
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     header = machine_header("step", argv)
     header.insert(2, f"- data {args.data}, batch {args.batch_size}, {torch.get_num_threads()} torch threads")
     write_report("Training step vs its GEMM floor", header, rows, args.out)
-    return 1 if failures else 0
+    return exit_status()
 
 
 def row(model: str, loop: str, graphs: bool, cuda: bool, r: dict) -> str:
