@@ -18,6 +18,8 @@ from lightning_mqgnn.models.metrics import make_metric, metric_input, node_loss
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 
 AGGREGATION_OF_CONV = {"gcn": "gcn", "sage": "mean"}
+# the attribute in which Lightning names the hook it is running (``LightningModule.log`` reads it)
+HOOK_NAME_ATTRIBUTE = "_current_fx_name"
 
 
 class NodeClassifierBase(pl.LightningModule):
@@ -63,6 +65,17 @@ class NodeClassifierBase(pl.LightningModule):
         self.test_metric = make_metric(metric, num_classes, multilabel)
         self._inference: FullGraphInference | None = None
         self._graph_steps = CUDAGraphSteps() if cuda_graphs else None
+
+    @override
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Lightning writes the running hook's name about 46 times a training step; through
+        ``nn.Module.__setattr__``, which first looks for a parameter, buffer or submodule of that
+        name, each write took microseconds. A string is none of those, so it goes where
+        ``nn.Module`` would have put it, the instance's ``__dict__``, directly."""
+        if name == HOOK_NAME_ATTRIBUTE:
+            self.__dict__[name] = value
+        else:
+            super().__setattr__(name, value)
 
     @override
     def forward(self, blocks: list[Block], x: Tensor) -> Tensor:

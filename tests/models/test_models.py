@@ -98,3 +98,29 @@ def test_a_cpu_fit_in_bf16_mixed_precision_learns(conv):
     trainer.fit(model, dm)
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
     assert trainer.callback_metrics["val/metric"] > 2.0 / ds.num_classes
+
+
+def test_lightning_hook_names_bypass_module_setattr(monkeypatch):
+    """Lightning writes the running hook's name dozens of times a step: none of those writes may go
+    through ``nn.Module.__setattr__``, and ``self.log`` (which reads the name) still logs."""
+    from helpers.pipeline import make_trainer, small_dataset
+
+    from lightning_mqgnn.data import MQGNNDataModule
+    from lightning_mqgnn.models.node_classifier import HOOK_NAME_ATTRIBUTE
+
+    written = []
+    module_setattr = torch.nn.Module.__setattr__
+
+    def counting_setattr(self, name, value):
+        written.append(name)
+        module_setattr(self, name, value)
+
+    ds = small_dataset(400)
+    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [3, 3], "mean"), batch_size=64)
+    model = NodeClassifier(ds.num_features, ds.num_classes, hidden=16)
+    monkeypatch.setattr(torch.nn.Module, "__setattr__", counting_setattr)
+    trainer = make_trainer([], max_steps=4, log_every_n_steps=1)
+    trainer.fit(model, dm)
+    assert HOOK_NAME_ATTRIBUTE not in written
+    assert HOOK_NAME_ATTRIBUTE in vars(model)
+    assert torch.isfinite(trainer.callback_metrics["train/loss"])

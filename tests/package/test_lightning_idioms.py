@@ -4,6 +4,7 @@ torch APIs the package uses are exactly those listed, with their reasons, in ``_
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -85,6 +86,12 @@ def private_uses() -> set[str]:
                 and str(node.args[1].value).startswith("_")
             ):
                 found.add(f"{LIGHTNING_MODULE}.{node.args[1].value}")
+            if (  # a private LightningModule attribute named by a string constant
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value in lightning_module_private_attributes()
+            ):
+                found.add(f"{LIGHTNING_MODULE}.{node.value}")
             if (  # model._trainer: the same, read directly
                 isinstance(node, ast.Attribute)
                 and getattr(node.value, "id", None) in LIGHTNING_MODULE_NAMES
@@ -104,6 +111,21 @@ def private_uses() -> set[str]:
                 if isinstance(value, ast.Name) and value.id in aliases:
                     found.add(".".join([aliases[value.id], *reversed(chain)]))
     return found | inherited_private_uses()
+
+
+@functools.cache
+def lightning_module_private_attributes() -> set[str]:
+    """The private attributes ``LightningModule`` assigns to itself (``self._x = ...``)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(pl.LightningModule)))
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and getattr(node.value, "id", None) == "self"
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    }
 
 
 def names_defined_here() -> set[str]:
