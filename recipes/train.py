@@ -122,7 +122,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             f"test={result.get('test', float('nan')):.4f} epochs={trainer.current_epoch} "
             f"batches={result['batches']} batch_time_ms={result['batch_time_ms']:.2f} "
             f"batch_time_std_ms={result['batch_time_std_ms']:.2f} train_time_s={result['train_time_s']:.2f}{busy}"
-            f"{strategy_result_fields(strategy)}{memory.result_fields()}",
+            f"{strategy_result_fields(strategy)}{memory.result_fields()}{loader_result_fields(datamodule)}",
             flush=True,
         )
     return result
@@ -191,6 +191,12 @@ def strategy_result_fields(strategy) -> str:
     """Extra RESULT fields a strategy reports (the full-graph strategies: ``comm_bytes=`` per epoch)."""
     fields = getattr(strategy, "result_fields", None)
     return fields() if callable(fields) else ""
+
+
+def loader_result_fields(datamodule) -> str:
+    """Extra RESULT fields of the pipelined loader: who produced the batches (``ProducerChoice``)."""
+    loader = getattr(datamodule, "pipeline_loader", None)
+    return loader.producer_choice.result_fields() if loader is not None else ""
 
 
 def datamodule_batches(datamodule, world_size: int) -> int:

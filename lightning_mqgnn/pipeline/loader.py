@@ -390,18 +390,19 @@ class _EpochRun:
         batch = loader.mover.hand_over(*loader.mover.to_device(batch))
         batch.meta.update(wait_s=time.perf_counter() - start, epoch=self.epoch, producer="trainer")
         self._next_index += 1
-        self._returned(index, timed=not after_narrow_step)
+        self._returned(index, timed=not after_narrow_step, produce_s=batch.meta["wait_s"])
         # never the epoch's last step: validation may follow it, on every thread
         if choice.probing() and index < len(self.batches) - 1:
             self._narrow_threads()
         return batch
 
-    def _returned(self, index: int, timed: bool = True) -> None:
+    def _returned(self, index: int, timed: bool = True, produce_s: float | None = None) -> None:
         """Batch ``index`` goes to the training loop: time it since the previous one (step + wait),
-        unless that step ran on fewer threads than the producer's epochs train on."""
+        unless that step ran on fewer threads than the producer's epochs train on; ``produce_s``:
+        the training thread's sampling and gathering of it."""
         now = time.perf_counter()
         if self._last_return is not None and timed:
-            self.loader.producer_choice.observe(self.producer, index, now - self._last_return)
+            self.loader.producer_choice.observe(self.producer, index, now - self._last_return, produce_s)
         self._last_return = now
 
     def _narrow_threads(self) -> None:

@@ -4,16 +4,21 @@ With workers, the training step runs on the cores they leave free; on a machine 
 that can cost the step more than the overlap gains (2 cores: one worker, and a step on one thread
 instead of two). Producing in the training thread is the sequential loop's way: sample, gather,
 then a step on every core. Which is faster depends on the measured stage costs, so the loader
-times the training thread first, then a few steps on the threads the workers would leave, and
-only starts the workers when those steps leave them room to win. Batches are the same either way
+times the training thread first. Workers can at best take the sampling and gathering off a batch,
+so where those are a small share of it the training thread keeps producing at once; else a few
+steps run on the threads the workers would leave, and the workers only start when those steps
+leave them room to win. Batches are the same either way
 (each is seeded from seed, epoch and index), and so is training: a step gives the same result on
 any number of threads.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 PRODUCERS = ("auto", "workers")
 
@@ -22,7 +27,9 @@ PRODUCERS = ("auto", "workers")
 class ProducerChoice:
     """``auto``: the training thread produces until ``samples`` batch times are in (the time
     between two batches reaching the training loop: sampling, gathering and the step on every
-    core), then runs ``probes`` steps on the threads the workers would leave. A batch from the
+    core). Workers save at most the batch's sampling and gathering, so where their median share of
+    a batch is under ``margin`` the training thread is kept at once, with no probe. Else it runs
+    ``probes`` steps on the threads the workers would leave. A batch from the
     workers takes at least such a step, and more with the workers beside it on the same cores, so
     unless the median probe is at least ``margin`` below the median batch the workers are never
     started (settled at the last probe); else epochs run on the workers until as many batch times
@@ -35,6 +42,7 @@ class ProducerChoice:
     skip: int = 2
     margin: float = 0.2
     times: dict[str, list[float]] = field(default_factory=lambda: {"workers": [], "trainer": []})
+    produce_times: list[float] = field(default_factory=list)
     narrow_steps: list[float] = field(default_factory=list)
     chosen: str | None = None
 
@@ -53,7 +61,7 @@ class ProducerChoice:
         if len(self.times["workers"]) < self.samples:  # the probes left the workers room to win
             return "workers"
         medians = {who: statistics.median(t) for who, t in self.times.items()}
-        self.chosen = min(medians, key=medians.get)
+        self._settle(min(medians, key=medians.get), "lower median batch time")
         return self.chosen
 
     def probing(self) -> bool:
@@ -64,17 +72,34 @@ class ProducerChoice:
             and len(self.narrow_steps) < self.probes
         )
 
+    def production_is_minor(self) -> bool:
+        """The training thread's median sampling and gathering is under ``margin`` of its median
+        batch: even a step that lost nothing to the workers would leave them less to gain. False
+        unless every timed batch came with its production time."""
+        produced, batches = self.produce_times, self.times["trainer"]
+        if not batches or len(produced) != len(batches):
+            return False
+        return statistics.median(produced) < self.margin * statistics.median(batches)
+
     def workers_cannot_win(self) -> bool:
         """A step on the workers' leftover threads leaves them less than ``margin`` of a whole
         batch made here to gain."""
         narrow = statistics.median(self.narrow_steps)
         return narrow > (1.0 - self.margin) * statistics.median(self.times["trainer"])
 
-    def observe(self, producer: str, index: int, seconds: float) -> None:
+    def observe(
+        self, producer: str, index: int, seconds: float, produce_seconds: float | None = None
+    ) -> None:
         """Batch ``index`` of an epoch produced by ``producer`` took ``seconds`` to reach the
-        loop, after a step on every thread the loop had."""
+        loop, after a step on every thread the loop had; ``produce_seconds``: of those, the
+        training thread's sampling and gathering of it. The training thread is kept at once when
+        its ``samples``-th batch time shows the production is minor."""
         if self.chosen is None and index >= self.skip and not self.probing():
             self.times[producer].append(seconds)
+            if producer == "trainer" and produce_seconds is not None:
+                self.produce_times.append(produce_seconds)
+            if len(self.times["trainer"]) == self.samples and self.production_is_minor():
+                self._settle("trainer", "sampling and gathering are a minor share of a batch")
 
     def observe_narrow_step(self, seconds: float) -> None:
         """A training step on the threads the workers would leave took ``seconds``; the last probe
@@ -82,4 +107,24 @@ class ProducerChoice:
         if self.probing():
             self.narrow_steps.append(seconds)
             if not self.probing() and self.workers_cannot_win():
-                self.chosen = "trainer"
+                self._settle("trainer", "a step on the threads the workers leave is too slow")
+
+    def _settle(self, producer: str, why: str) -> None:
+        """Keep ``producer`` for good, and say so with the figures it was chosen from."""
+        self.chosen = producer
+        figures = {
+            "batch_ms": self.times["trainer"],
+            "produce_ms": self.produce_times,
+            "narrow_step_ms": self.narrow_steps,
+            "worker_batch_ms": self.times["workers"],
+        }
+        medians = ", ".join(f"{k} {1e3 * statistics.median(v):.2f}" for k, v in figures.items() if v)
+        log.info("pipeline: %s the batches: %s (medians: %s)", _WHO[producer], why, medians)
+
+    def result_fields(self) -> str:
+        """`` producer= probes=`` for a RESULT line: who produces (``undecided`` while timing) and
+        how many steps ran on the workers' leftover threads."""
+        return f" producer={self.chosen or 'undecided'} probes={len(self.narrow_steps)}"
+
+
+_WHO = {"trainer": "the training thread produces", "workers": "the sampler workers produce"}

@@ -129,6 +129,7 @@ def run_ours(config: str, model: str, dataset: str, seed: int, args) -> dict:
         "epoch_time_s": float(fields["train_time_s"]) / epochs,
         "metric": float(fields["test"]),
         "gpu_busy": float(fields["gpu_busy"]) if "gpu_busy" in fields else None,
+        "producer": fields.get("producer"),  # pipelined fits: who produced the batches
         "timeline": timeline,
     }
 

@@ -256,10 +256,18 @@ class SlowOnFewThreads(ThreadsAtValidation):
 
 
 def test_auto_producer_never_starts_workers_whose_leftover_threads_step_too_slowly(ds, monkeypatch):
+    # sampling sleeps 10 ms, a major share of a batch, so the choice probes
     slow, rec = SlowOnFewThreads(full=4), Recorder()
     with cores_and_threads(monkeypatch, cores=4, threads=4):
         params, dm = train_both_modes(
-            ds, epochs=3, num_workers=2, seed=3, model_seed=4, callbacks=[slow, rec], producer="auto"
+            ds,
+            epochs=3,
+            num_workers=2,
+            seed=3,
+            model_seed=4,
+            callbacks=[slow, rec],
+            producer="auto",
+            make_sampler=lambda graph: SlowSampler(graph, [5, 5], delay_s=0.01),
         )
         threads_after = torch.get_num_threads()
     choice = dm.pipeline_loader.producer_choice
@@ -269,6 +277,30 @@ def test_auto_producer_never_starts_workers_whose_leftover_threads_step_too_slow
     # every validation get all 4
     assert slow.threads == {0: [4] * 7, 1: [4, 4, 2, 2, 4, 4, 4], 2: [4] * 7}
     assert slow.at_validation == [4, 4, 4] and threads_after == 4
+    assert torch.equal(params["sequential"][1], params["pipeline"][1])
+
+
+class SlowStep(SlowOnFewThreads):
+    """A step that takes 30 ms on any number of threads: sampling is a minor share of a batch."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        time.sleep(0.03)
+
+
+def test_auto_producer_keeps_the_training_thread_at_once_where_sampling_is_minor(ds, monkeypatch):
+    # the workers could save at most the sampling and gathering, well under 20% of a 30 ms step:
+    # no probe narrows the threads, no worker starts, training is the sequential loop's
+    slow, rec = SlowStep(full=4), Recorder()
+    with cores_and_threads(monkeypatch, cores=4, threads=4):
+        params, dm = train_both_modes(
+            ds, epochs=2, num_workers=2, seed=3, model_seed=4, callbacks=[slow, rec], producer="auto"
+        )
+    choice = dm.pipeline_loader.producer_choice
+    assert choice.chosen == "trainer" and choice.narrow_steps == [] and choice.times["workers"] == []
+    assert len(choice.times["trainer"]) == len(choice.produce_times) == choice.samples
+    assert slow.threads == {0: [4] * 7, 1: [4] * 7}
+    assert rec.producers == {0: {"trainer"}, 1: {"trainer"}} and rec.pids == set()
     assert torch.equal(params["sequential"][1], params["pipeline"][1])
 
 

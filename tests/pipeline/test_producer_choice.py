@@ -56,3 +56,35 @@ def test_workers_policy_never_tries_the_trainer_and_bad_policies_are_refused():
     assert not choice.probing()
     with pytest.raises(ValueError, match="producer must be one of"):
         ProducerChoice("threads")
+
+
+@pytest.mark.parametrize(("produce_s", "chosen"), [(0.003, "trainer"), (0.005, None)])
+def test_the_training_thread_is_kept_without_probes_where_production_is_minor(produce_s, chosen):
+    # workers save at most the 3 ms of sampling and gathering in a 20 ms batch: under the 20%
+    # margin, settled at the samples-th batch time; 5 ms (25%) leaves room, so the probes run
+    choice = ProducerChoice(samples=4, probes=2, skip=2)
+    for index in range(6):
+        choice.observe("trainer", index, 0.02, produce_s)
+    assert choice.chosen == chosen
+    assert choice.probing() == (chosen is None)
+    assert choice.produce_times == [produce_s] * 4
+
+
+def test_without_production_times_the_probes_decide():
+    choice = ProducerChoice(samples=4, probes=2, skip=2)
+    feed(choice, "trainer", [9.0, 9.0, 0.02, 0.02, 0.02, 0.02])
+    assert not choice.production_is_minor() and choice.probing()
+
+
+def test_the_choice_is_logged_once_when_made_and_reported_in_result_fields(caplog):
+    choice = ProducerChoice(samples=2, probes=2, skip=0)
+    assert choice.result_fields() == " producer=undecided probes=0"
+    with caplog.at_level("INFO", logger="lightning_mqgnn.pipeline.producer_choice"):
+        for index in range(4):
+            choice.observe("trainer", index, 0.02, 0.001)
+        choice.producer()
+    assert [r.getMessage() for r in caplog.records] == [
+        "pipeline: the training thread produces the batches: sampling and gathering are a minor "
+        "share of a batch (medians: batch_ms 20.00, produce_ms 1.00)"
+    ]
+    assert choice.result_fields() == " producer=trainer probes=0"
