@@ -87,6 +87,7 @@ def _keep_threshold(p: float, bits: int) -> int:
     return dropped - _LEVELS // 2 if bits == 16 else dropped
 
 
+@torch.compiler.disable  # a numba loop over numpy views: nothing a graph could hold
 def random_words(num_elements: int, bits: int, generator: torch.Generator | None = None) -> Tensor:
     """The int64 words holding ``bits`` random bits for each of ``num_elements`` elements: one
     SplitMix64 stream from a seed drawn from ``generator``."""
@@ -139,6 +140,7 @@ def _relu_mask_16_(h, lanes, threshold, scale):
         h[i] = x if lanes[i] >= threshold else zero
 
 
+@torch.compiler.disable  # numba loops over numpy views of ``h``: torch.compile runs it eagerly
 def relu_mask_(h: Tensor, p: float, generator: torch.Generator | None = None) -> Tensor:
     """``h = relu(h) * random_keep_mask(h.shape, p, generator)`` in one compiled pass over ``h``,
     with no mask tensor, for contiguous float32 ``h``; returns ``h``. The compiled loops run inside
@@ -176,6 +178,7 @@ def _byte_table(bits: int, dropped: int, dtype: torch.dtype) -> Tensor:
     return _tables[key]
 
 
+@torch.compiler.disable  # a cached host number: traced, its tensor would break the graph
 @functools.lru_cache(maxsize=64)
 def keep_scale(p: float, dtype: torch.dtype = torch.float32) -> float:
     """The value of a kept entry of the CPU mask in ``dtype``: ``1 / (1 -

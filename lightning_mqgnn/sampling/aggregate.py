@@ -53,6 +53,7 @@ def row_sum(indices: Tensor, h: Tensor, offsets: Tensor, weights: Tensor) -> Ten
     return F.embedding_bag(indices, h, offsets, mode="sum", per_sample_weights=weights)
 
 
+@torch.compiler.disable  # the CPU path is a numba loop, which torch.compile cannot trace
 def transpose_of(indptr: Tensor, indices: Tensor, weights: Tensor, num_src: int) -> Transpose:
     """The CSC of ``A``: the edges ordered by source (one stable sort: each source's edges keep
     their row order), each with its destination row and weight, and where each source's edges

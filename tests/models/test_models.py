@@ -124,3 +124,35 @@ def test_lightning_hook_names_bypass_module_setattr(monkeypatch):
     assert HOOK_NAME_ATTRIBUTE not in written
     assert HOOK_NAME_ATTRIBUTE in vars(model)
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
+
+
+@pytest.mark.parametrize("conv", ["sage", "gcn"])
+def test_a_torch_compiled_module_trains_like_the_eager_one(conv):
+    """``torch.compile`` of the module (aot_eager: the graphs dynamo captures, run by aten) runs
+    the compiled CPU loops (dropout words and mask, block transposes) eagerly beside its graphs,
+    and trains bit for bit as the eager module does, dropout included."""
+    from helpers.pipeline import small_dataset
+
+    ds = small_dataset(300)
+    aggregation = "mean" if conv == "sage" else "gcn"
+    batches = [
+        gather(
+            NeighborSampler(ds.graph, [3, 3], aggregation).sample(ds.train_idx[i : i + 64]),
+            ds.features,
+            ds.labels,
+        )
+        for i in (0, 64, 128)
+    ]
+    params = {}
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = NodeClassifier(ds.num_features, ds.num_classes, conv=conv, hidden=16, dropout=0.5)
+        run = torch.compile(model, backend="aot_eager", dynamic=True) if compiled else model
+        opt = model.configure_optimizers()
+        torch.manual_seed(1)
+        for batch in batches:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(run(batch.blocks, batch.features), batch.labels).backward()
+            opt.step()
+        params[compiled] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert torch.equal(params[False], params[True])
