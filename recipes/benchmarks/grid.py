@@ -178,8 +178,27 @@ def busy_cell(runs: list[dict]) -> str:
     return f"{100 * statistics.mean(busy):.0f}%" if busy else "-"
 
 
+def run_order(configs: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """(config, seed) pairs, a seed's configurations back to back so that each ratio compares runs
+    made minutes apart on a machine whose speed drifts; the order of the configurations rotates
+    from one seed to the next, so that none always runs first."""
+    order = []
+    for i, seed in enumerate(seeds):
+        shift = i % len(configs)
+        order += [(config, seed) for config in configs[shift:] + configs[:shift]]
+    return order
+
+
+def per_seed_speedups(rs: list[dict], base: list[dict]) -> str:
+    """Each seed's epoch time of ``base`` over that of ``rs`` (the runs of one configuration)."""
+    ref = {r["seed"]: r["epoch_time_s"] for r in base}
+    ratios = [f"{ref[r['seed']] / r['epoch_time_s']:.2f}" for r in rs if r["seed"] in ref]
+    return ", ".join(ratios) or "-"
+
+
 def summarise(runs: list[dict]) -> list[str]:
-    """One table row per (dataset, model, config): means over seeds and speed-ups per epoch."""
+    """One table row per (dataset, model, config): means over seeds and speed-ups per epoch, of
+    the means and seed by seed."""
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
         groups.setdefault((run["dataset"], run["model"], run["config"]), []).append(run)
@@ -187,7 +206,7 @@ def summarise(runs: list[dict]) -> list[str]:
     on_gpu = any(r.get("gpu_busy") is not None for r in runs)
     rows = [
         "| dataset | model | configuration | batch time ms (mean ± std) | train time s | epoch time s | "
-        "test metric (mean ± std) | speed-up vs sequential | speed-up vs DGL |"
+        "test metric (mean ± std) | speed-up vs sequential (per seed) | speed-up vs DGL (per seed) |"
         + (" GPU busy (training) |" if on_gpu else ""),
         "|---|---|---|---|---|---|---|---|---|" + ("---|" if on_gpu else ""),
     ]
@@ -195,7 +214,12 @@ def summarise(runs: list[dict]) -> list[str]:
         speedups = []
         for base in ("sequential", dgl_of(config)):
             ref = epoch.get((dataset, model, base))
-            speedups.append(f"{ref / epoch[(dataset, model, config)]:.2f}x" if ref else "-")
+            speedups.append(
+                f"{ref / epoch[(dataset, model, config)]:.2f}x "
+                f"({per_seed_speedups(rs, groups[(dataset, model, base)])})"
+                if ref
+                else "-"
+            )
         batch = statistics.mean(r["batch_time_ms"] for r in rs)
         batch_std = statistics.mean(r["batch_time_std_ms"] for r in rs)
         rows.append(
@@ -322,25 +346,25 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for dataset in args.datasets.split(","):
         for model in args.models.split(","):
-            for config in configs:
-                for seed in (int(s) for s in args.seeds.split(",")):
-                    if config in DGL_CONFIGS:
-                        result = run_dgl(model, dataset, seed, args, bf16=config == "dgl_bf16")
-                    else:
-                        result = run_ours(config, model, dataset, seed, args)
-                    result.update(dataset=dataset, model=model, config=config, seed=seed)
-                    runs.append(result)
-                    print(
-                        f"{dataset:>18} {model:>10} {config:>13} seed {seed}: epoch "
-                        f"{result['epoch_time_s']:.3f} s, batch {result['batch_time_ms']:.1f} ms, "
-                        f"test {result['metric']:.4f}"
-                        + (
-                            f", GPU busy {100 * result['gpu_busy']:.0f}%"
-                            if result.get("gpu_busy") is not None
-                            else ""
-                        ),
-                        flush=True,
-                    )
+            for config, seed in run_order(configs, [int(s) for s in args.seeds.split(",")]):
+                if config in DGL_CONFIGS:
+                    result = run_dgl(model, dataset, seed, args, bf16=config == "dgl_bf16")
+                else:
+                    result = run_ours(config, model, dataset, seed, args)
+                result.update(dataset=dataset, model=model, config=config, seed=seed)
+                runs.append(result)
+                print(
+                    f"{dataset:>18} {model:>10} {config:>13} seed {seed}: epoch "
+                    f"{result['epoch_time_s']:.3f} s, batch {result['batch_time_ms']:.1f} ms, "
+                    f"test {result['metric']:.4f}"
+                    + (f", producer {result['producer']}" if result.get("producer") else "")
+                    + (
+                        f", GPU busy {100 * result['gpu_busy']:.0f}%"
+                        if result.get("gpu_busy") is not None
+                        else ""
+                    ),
+                    flush=True,
+                )
     (args.out / "grid.json").write_text(json.dumps(runs))
     plot(runs, args.out)
     write_report("Comparison grid", machine_header("grid", argv), summarise(runs), args.out / "grid.md")
