@@ -243,7 +243,20 @@ class _Batches:
             yield batch
 
 
-def measure(loop: str, make_module, batches: list, device: torch.device, cfg, warmup: int) -> dict:
+def measure(
+    loop: str, make_module, batches: list, device: torch.device, cfg, warmup: int, repeats: int = 1
+) -> dict:
+    """``repeats`` pairs of a timed and a profiled run (``measure_pair``): each figure is the
+    median over the pairs, and ``ratios`` holds each pair's step / floor. On a machine whose speed
+    drifts, a pair's two runs are seconds apart, and the median pair is the one to quote."""
+    pairs = [measure_pair(loop, make_module, batches, device, cfg, warmup) for _ in range(repeats)]
+    out = {key: statistics.median(p[key] for p in pairs) for key in pairs[0]}
+    out["ratios"] = [p["step"] / max(p["gemm"], 1e-9) for p in pairs]
+    return out
+
+
+def measure_pair(loop: str, make_module, batches: list, device: torch.device, cfg, warmup: int) -> dict:
+    """The median step of a timed run, then the same run under the profiler, split by category."""
     run = (
         (lambda m: bare_loop(m, batches, device))
         if loop == "bare"
@@ -279,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the timed median")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="pairs of a timed and a profiled run per row (medians)"
+    )
     parser.add_argument("--loops", default="bare,trainer")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
@@ -294,9 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         "| model | loop |"
         + (" CUDA graphs |" if cuda else "")
         + " step ms | GEMM ms | aggregation ms | elementwise ms | RNG ms | copies ms | "
-        f"optimiser ms | {'host (GPU idle)' if cuda else 'rest'} ms | step / floor |"
+        f"optimiser ms | {'host (GPU idle)' if cuda else 'rest'} ms | step / floor | each pair's step / floor |"
         + (" kernels / step | host syncs / step |" if cuda else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if cuda else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if cuda else ""),
     ]
     dataset = None
     for model in args.models.split(","):
@@ -307,7 +323,16 @@ def main(argv: list[str] | None = None) -> int:
                 label = f"{model} {loop} cuda_graphs={graphs}"
                 result = attempt(
                     label,
-                    partial(measure, loop, partial(make_module, graphs), batches, device, cfg, args.warmup),
+                    partial(
+                        measure,
+                        loop,
+                        partial(make_module, graphs),
+                        batches,
+                        device,
+                        cfg,
+                        args.warmup,
+                        args.repeats,
+                    ),
                 )
                 rows.append(row(model, loop, graphs, cuda, result) if result else f"| {label}: failed |")
                 print(rows[-1], flush=True)
@@ -319,12 +344,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def row(model: str, loop: str, graphs: bool, cuda: bool, r: dict) -> str:
     """One table row of ``measure``'s result ``r``."""
-    ms = {k: 1e3 * v for k, v in r.items()}
+    ms = {k: 1e3 * v for k, v in r.items() if k != "ratios"}
     graph_cell = (" on |" if graphs else " off |") if cuda else ""
     return (
         f"| {model} | {loop} |{graph_cell} {ms['step']:.2f} | {ms['gemm']:.2f} | {ms['aggregation']:.2f} | "
         f"{ms['elementwise']:.2f} | {ms['rng']:.2f} | {ms['copy']:.2f} | {ms['optimiser']:.2f} | "
-        f"{ms['rest']:.2f} | {r['step'] / max(r['gemm'], 1e-9):.2f}x |"
+        f"{ms['rest']:.2f} | {r['step'] / max(r['gemm'], 1e-9):.2f}x | "
+        + ", ".join(f"{x:.2f}x" for x in r["ratios"])
+        + " |"
         + (f" {r['kernel_share']:.0%} | {r['syncs']:.1f} |" if cuda else "")
     )
 
