@@ -71,7 +71,7 @@ for stage in $STAGES; do
     step)
       run_stage "training step on CUDA" 200 "$OUT_DIR/step.txt" \
         "$PYTHON" recipes/bench.py step --data products_like_1m --models sage,gcn --device cuda \
-        --steps 40 --cuda-graphs on,off --out "$OUT_DIR/step.md" ;;
+        --steps 40 --repeats 1 --cuda-graphs on,off --out "$OUT_DIR/step.md" ;;
     pipeline)
       # shellcheck disable=SC2086
       run_stage "pipeline on products_like_1m" 300 "$OUT_DIR/pipeline.txt" \
