@@ -96,7 +96,9 @@ class ProducerChoice:
         its ``samples``-th batch time shows the production is minor."""
         if self.chosen is None and index >= self.skip and not self.probing():
             self.times[producer].append(seconds)
-            if producer == "trainer" and produce_seconds is not None:
+            if producer != "trainer":
+                return
+            if produce_seconds is not None:
                 self.produce_times.append(produce_seconds)
             if len(self.times["trainer"]) == self.samples and self.production_is_minor():
                 self._settle("trainer", "sampling and gathering are a minor share of a batch")
