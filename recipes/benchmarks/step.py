@@ -251,8 +251,13 @@ def measure(
     drifts, a pair's two runs are seconds apart, and the median pair is the one to quote."""
     pairs = [measure_pair(loop, make_module, batches, device, cfg, warmup) for _ in range(repeats)]
     out = {key: statistics.median(p[key] for p in pairs) for key in pairs[0]}
-    out["ratios"] = [p["step"] / max(p["gemm"], 1e-9) for p in pairs]
+    out["ratios"] = [step_over_floor(p) for p in pairs]
     return out
+
+
+def step_over_floor(figures: dict) -> float:
+    """The step's time over its GEMM time (the floor), of one pair's or the medians' figures."""
+    return figures["step"] / max(figures["gemm"], 1e-9)
 
 
 def measure_pair(loop: str, make_module, batches: list, device: torch.device, cfg, warmup: int) -> dict:
@@ -349,7 +354,7 @@ def row(model: str, loop: str, graphs: bool, cuda: bool, r: dict) -> str:
     return (
         f"| {model} | {loop} |{graph_cell} {ms['step']:.2f} | {ms['gemm']:.2f} | {ms['aggregation']:.2f} | "
         f"{ms['elementwise']:.2f} | {ms['rng']:.2f} | {ms['copy']:.2f} | {ms['optimiser']:.2f} | "
-        f"{ms['rest']:.2f} | {r['step'] / max(r['gemm'], 1e-9):.2f}x | "
+        f"{ms['rest']:.2f} | {step_over_floor(r):.2f}x | "
         + ", ".join(f"{x:.2f}x" for x in r["ratios"])
         + " |"
         + (f" {r['kernel_share']:.0%} | {r['syncs']:.1f} |" if cuda else "")
