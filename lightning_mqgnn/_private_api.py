@@ -18,6 +18,11 @@ PRIVATE_APIS: dict[str, str] = {
         "strategy/mqgnn.py, fullgraph/strategy.py, fullgraph/gnnpipe.py: the type of the registry Lightning passes to register_strategies, "
         "through which each strategy registers its names ('mqgnn', 'mqgnn_spawn', ...)"
     ),
+    "torch.autograd._profiler_enabled": (
+        "models/dropout.py: whether a profiler records, so that the compiled ReLU + dropout opens "
+        "its profiler scope only then (record_function costs 10-100 us a call, profiling or not); "
+        "torch.profiler offers no public query of it"
+    ),
     "lightning.pytorch.core.module.LightningModule._trainer": (
         "models/node_classifier.py, strategy/mqgnn.py: the module's trainer or None; the public "
         "LightningModule.trainer raises when no trainer is attached (a module stepped by hand, a "

@@ -189,3 +189,21 @@ def test_relu_dropout_under_cpu_autocast_keeps_bfloat16_and_draws_no_bernoulli()
         out = layer(linear(x))
     assert out.dtype == torch.bfloat16
     assert not any("bernoulli" in e.name for e in prof.events())
+
+
+def test_the_profiler_scope_opens_only_while_a_profiler_records(monkeypatch):
+    """Opening a ``record_function`` scope costs 10-100 us, profiling or not: the compiled pass
+    opens its scope only under a profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from lightning_mqgnn.models import dropout
+
+    opened = []
+    real = dropout.record_function
+    monkeypatch.setattr(dropout, "record_function", lambda name: opened.append(name) or real(name))
+    layer = ReLUDropout(0.5, inplace=True)
+    layer(torch.randn(64, 32))
+    assert opened == []
+    with profile(activities=[ProfilerActivity.CPU]):
+        layer(torch.randn(64, 32))
+    assert opened == ["mqgnn::relu_dropout"]
