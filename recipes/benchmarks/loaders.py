@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import statistics
 import tempfile
@@ -46,8 +47,14 @@ def fit_once(data: str, model: str, loader: str, seed: int, epochs: int, extra: 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        train(cfg)
+    try:
+        with contextlib.redirect_stdout(printed):
+            train(cfg)
+    finally:
+        # train() freezes the heap before fitting, for a process that fits once; here the next fit
+        # would otherwise run beside every earlier fit's dataset, model and trainer, never collected
+        gc.unfreeze()
+        gc.collect()
     lines = [line for line in printed.getvalue().splitlines() if line.startswith("RESULT ")]
     if not lines:
         raise RuntimeError(f"loader={loader}: the fit printed no RESULT line")
