@@ -24,12 +24,19 @@ def transform_first(block: Block, in_dim: int, out_dim: int) -> bool:
 
 class GCNLayer(nn.Module):
     """``Z = P̂ H W + b`` (eq. 1, 18): weighted sum of transformed source rows, in the cheaper order
-    (``transform_first``); aggregating first folds the bias into the GEMM (``addmm``)."""
+    (``transform_first``); aggregating first folds the bias into the GEMM (``addmm``).
+
+    ``W`` starts Glorot-uniform (Glorot & Bengio 2010, eq. 16), as in Kipf & Welling's GCN and
+    DGL's ``GraphConv``, which the paper's baselines use; ``b`` at zero. ``nn.Linear``'s own
+    range is narrower (2.4x for 256 -> 10 classes), which trains a short run slower
+    (BENCHMARKS.md, the grid's ``gcn_block`` rows).
+    """
 
     def __init__(self, in_dim: int, out_dim: int):
         super().__init__()
         self.linear = nn.Linear(in_dim, out_dim, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_dim))
+        nn.init.xavier_uniform_(self.linear.weight)
 
     def forward(self, block: Block, h_src: Tensor, h_dst: Tensor | None = None) -> Tensor:
         if transform_first(block, self.linear.in_features, self.linear.out_features):

@@ -5,7 +5,7 @@ import torch
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
-from lightning_mqgnn.models import FullGraphBatch, NodeClassifier
+from lightning_mqgnn.models import FullGraphBatch, GCNLayer, NodeClassifier
 from lightning_mqgnn.models.metrics import make_metric
 from lightning_mqgnn.pipeline.gather import gather
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
@@ -156,3 +156,17 @@ def test_a_torch_compiled_module_trains_like_the_eager_one(conv):
             opt.step()
         params[compiled] = torch.cat([p.detach().flatten() for p in model.parameters()])
     assert torch.equal(params[False], params[True])
+
+
+@pytest.mark.parametrize(("in_dim", "out_dim"), [(128, 256), (256, 10)])
+def test_gcn_weights_start_glorot_uniform_and_biases_at_zero(in_dim, out_dim):
+    """Glorot-uniform, as Kipf & Welling's GCN and DGL's GraphConv: entries fill [-a, a] with
+    a = sqrt(6 / (in + out)), 2.4x wider than nn.Linear's default at 256 -> 10."""
+    torch.manual_seed(0)
+    layer = GCNLayer(in_dim, out_dim)
+    bound = (6 / (in_dim + out_dim)) ** 0.5
+    weight = layer.linear.weight.detach()
+    assert weight.abs().max() <= bound
+    assert weight.abs().max() > 0.99 * bound  # thousands of uniform draws reach the edge
+    assert abs(weight.std().item() - bound / 3**0.5) < 0.05 * bound
+    assert torch.equal(layer.bias.detach(), torch.zeros(out_dim))
