@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -26,17 +28,19 @@ class GCNLayer(nn.Module):
     """``Z = P̂ H W + b`` (eq. 1, 18): weighted sum of transformed source rows, in the cheaper order
     (``transform_first``); aggregating first folds the bias into the GEMM (``addmm``).
 
-    ``W`` starts Glorot-uniform (Glorot & Bengio 2010, eq. 16), as in Kipf & Welling's GCN and
-    DGL's ``GraphConv``, which the paper's baselines use; ``b`` at zero. ``nn.Linear``'s own
-    range is narrower (2.4x for 256 -> 10 classes), which trains a short run slower
-    (BENCHMARKS.md, the grid's ``gcn_block`` rows).
+    ``glorot``: ``W`` starts Glorot-uniform (Glorot & Bengio 2010, eq. 16), as in Kipf &
+    Welling's GCN and DGL's ``GraphConv``, which the paper's baselines use; else with
+    ``nn.Linear``'s initialisation, whose range is narrower (2.4x for 256 -> 10 classes). ``b``
+    starts at zero. Which trains better depends on the sampler (BENCHMARKS.md: Glorot for
+    node-wise GCN and LADIES, ``nn.Linear``'s for FastGCN).
     """
 
-    def __init__(self, in_dim: int, out_dim: int):
+    def __init__(self, in_dim: int, out_dim: int, glorot: bool = True):
         super().__init__()
         self.linear = nn.Linear(in_dim, out_dim, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_dim))
-        nn.init.xavier_uniform_(self.linear.weight)
+        if glorot:
+            nn.init.xavier_uniform_(self.linear.weight)
 
     def forward(self, block: Block, h_src: Tensor, h_dst: Tensor | None = None) -> Tensor:
         if transform_first(block, self.linear.in_features, self.linear.out_features):
@@ -95,9 +99,13 @@ def layer_dims(in_dim: int, hidden: int, out_dim: int, num_layers: int) -> list[
     return [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
 
 
-def layer_stack(conv: str, in_dim: int, hidden: int, out_dim: int, num_layers: int) -> list[nn.Module]:
-    """``num_layers`` layers of ``LAYERS[conv]`` (GCN or SAGE) over ``layer_dims``."""
+def layer_stack(
+    conv: str, in_dim: int, hidden: int, out_dim: int, num_layers: int, gcn_glorot: bool = True
+) -> list[nn.Module]:
+    """``num_layers`` layers of ``LAYERS[conv]`` (GCN or SAGE) over ``layer_dims``;
+    ``gcn_glorot``: GCN layers' ``glorot``."""
     if conv not in LAYERS:
         raise ValueError(f"unknown conv {conv!r}; expected one of {sorted(LAYERS)}")
     dims = layer_dims(in_dim, hidden, out_dim, num_layers)
-    return [LAYERS[conv](a, b) for a, b in zip(dims[:-1], dims[1:])]
+    make = functools.partial(GCNLayer, glorot=gcn_glorot) if conv == "gcn" else LAYERS[conv]
+    return [make(a, b) for a, b in zip(dims[:-1], dims[1:])]

@@ -170,3 +170,16 @@ def test_gcn_weights_start_glorot_uniform_and_biases_at_zero(in_dim, out_dim):
     assert weight.abs().max() > 0.99 * bound  # thousands of uniform draws reach the edge
     assert abs(weight.std().item() - bound / 3**0.5) < 0.05 * bound
     assert torch.equal(layer.bias.detach(), torch.zeros(out_dim))
+
+
+def test_gcn_without_glorot_keeps_linears_initialisation_draw_for_draw():
+    """``glorot_init=False`` (FastGCN's configs): the weights nn.Linear draws, from the same random
+    stream, so those variants train as they did before Glorot was the default."""
+    torch.manual_seed(3)
+    model = NodeClassifier(in_dim=128, num_classes=10, conv="gcn", glorot_init=False)
+    torch.manual_seed(3)
+    first = torch.nn.Linear(128, 256, bias=False)
+    assert torch.equal(model.layers[0].linear.weight, first.weight)
+    torch.manual_seed(3)
+    glorot = NodeClassifier(in_dim=128, num_classes=10, conv="gcn")
+    assert glorot.layers[1].linear.weight.abs().max() > 1 / 256**0.5  # beyond nn.Linear's range
