@@ -22,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from benchmarks._recipe import result_fields
 from benchmarks._report import machine_header, write_report
 
 TRAIN = Path(__file__).resolve().parents[1] / "train.py"
@@ -39,11 +40,11 @@ def run_recipe(overrides: list[str], timeout: float) -> dict[str, str]:
             f"hydra.run.dir={run_dir}",
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
+    fields = result_fields(proc.stdout)
+    if proc.returncode != 0 or fields is None:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise RuntimeError(f"recipe failed ({' '.join(overrides)}): {tail}")
-    return dict(item.split("=", 1) for item in lines[-1].split()[1:])
+    return fields
 
 
 def mean_std(values: list[float]) -> str:

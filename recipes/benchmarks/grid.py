@@ -29,6 +29,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks._recipe import epoch_seconds, fixed_epochs_overrides, result_fields
 from benchmarks._report import machine_header, write_report
 
 RECIPES = Path(__file__).resolve().parents[1]
@@ -108,25 +109,20 @@ def run_ours(config: str, model: str, dataset: str, seed: int, args) -> dict:
         f"seed={seed}",
         *CONFIG_OVERRIDES[config],
         f"loader.batch_size={args.batch_size}",
-        f"trainer.max_epochs={args.epochs}",
-        "early_stopping.patience_batches=1000000000",
-        "val_every_batches=0",
-        "trainer.enable_progress_bar=false",
+        *fixed_epochs_overrides(args.epochs),
         *args.extra.split(),
     ]
     cmd = [sys.executable, str(RECIPES / "train.py"), *overrides]
     proc, timeline = monitored(cmd, args.timeout)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
+    fields = result_fields(proc.stdout)
+    if proc.returncode != 0 or fields is None:
         tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
         raise RuntimeError(f"{config} {model} {dataset} seed {seed} failed:\n{tail}")
-    fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
-    epochs = max(int(fields["epochs"]), 1)
     return {
         "batch_time_ms": float(fields["batch_time_ms"]),
         "batch_time_std_ms": float(fields["batch_time_std_ms"]),
         "train_time_s": float(fields["train_time_s"]),
-        "epoch_time_s": float(fields["train_time_s"]) / epochs,
+        "epoch_time_s": epoch_seconds(fields),
         "metric": float(fields["test"]),
         "gpu_busy": float(fields["gpu_busy"]) if "gpu_busy" in fields else None,
         "producer": fields.get("producer"),  # pipelined fits: who produced the batches

@@ -22,6 +22,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from benchmarks._recipe import epoch_seconds, fixed_epochs_overrides, result_fields
 from benchmarks._report import machine_header, write_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,10 +38,7 @@ def fit_once(data: str, model: str, loader: str, seed: int, epochs: int, extra: 
         f"model={model}",
         f"loader={loader}",
         f"seed={seed}",
-        f"trainer.max_epochs={epochs}",
-        "early_stopping.patience_batches=1000000000",
-        "val_every_batches=0",
-        "trainer.enable_progress_bar=false",
+        *fixed_epochs_overrides(epochs),
         f"trainer.default_root_dir={root}",
         *extra,
     ]
@@ -55,11 +53,10 @@ def fit_once(data: str, model: str, loader: str, seed: int, epochs: int, extra: 
         # would otherwise run beside every earlier fit's dataset, model and trainer, never collected
         gc.unfreeze()
         gc.collect()
-    lines = [line for line in printed.getvalue().splitlines() if line.startswith("RESULT ")]
-    if not lines:
+    fields = result_fields(printed.getvalue())
+    if fields is None:
         raise RuntimeError(f"loader={loader}: the fit printed no RESULT line")
-    fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
-    fields["epoch_time_s"] = float(fields["train_time_s"]) / max(int(fields["epochs"]), 1)
+    fields["epoch_time_s"] = epoch_seconds(fields)
     return fields
 
 

@@ -1,0 +1,26 @@
+"""What benchmarks that run ``recipes/train.py`` share: the overrides of a fixed-length comparison
+fit, and the fields of the RESULT line a fit prints."""
+
+from __future__ import annotations
+
+
+def fixed_epochs_overrides(epochs: int) -> list[str]:
+    """Exactly ``epochs`` epochs: early stopping off, one validation per epoch, no progress bar
+    (the fits ``bench grid`` and ``bench loaders`` compare)."""
+    return [
+        f"trainer.max_epochs={epochs}",
+        "early_stopping.patience_batches=1000000000",
+        "val_every_batches=0",
+        "trainer.enable_progress_bar=false",
+    ]
+
+
+def result_fields(stdout: str) -> dict[str, str] | None:
+    """The ``key=value`` fields of the last ``RESULT`` line in ``stdout``; None without one."""
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    return dict(item.split("=", 1) for item in lines[-1].split()[1:]) if lines else None
+
+
+def epoch_seconds(fields: dict[str, str]) -> float:
+    """Training time per epoch of a fit's RESULT fields (validation not included)."""
+    return float(fields["train_time_s"]) / max(int(fields["epochs"]), 1)
