@@ -246,7 +246,8 @@ def _relu_times_mask_(h: Tensor, mask: Tensor) -> Tensor:
 
 class _ReLUMasked(torch.autograd.Function):
     """``max(h * mask, 0)``, written in place by ``apply_(x)`` on ``h`` or a copy of it, for a
-    mask of zeros and ``scale``, with the gradient ``scale * g`` where the output is positive;
+    mask of zeros and ``scale``, with the gradient ``scale * g`` where the output is positive
+    (one pass; a non-finite ``g`` on an entry whose output is zero gives NaN there, not zero);
     ``inplace``: written over ``h``, and the gradient over ``g`` where that can be done (a
     contiguous ``g``: an expanded one is shared by its entries)."""
 
@@ -262,12 +263,12 @@ class _ReLUMasked(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         (out,) = ctx.saved_tensors
+        # ELU's backward from its result, with alpha 0, is ``scale * g`` where the result is
+        # positive and ``g * result``, zero, elsewhere: the scale and the threshold in one pass
+        args = (grad, 0.0, ctx.scale, 1.0, True, out)
         if ctx.inplace and grad.is_contiguous() and not grad.requires_grad:
-            grad_h = grad.mul_(ctx.scale)
-        else:
-            grad_h = torch.mul(grad, ctx.scale)
-        torch.ops.aten.threshold_backward.grad_input(grad_h, out, 0.0, grad_input=grad_h)
-        return grad_h, None, None, None
+            return torch.ops.aten.elu_backward.grad_input(*args, grad_input=grad), None, None, None
+        return torch.ops.aten.elu_backward(*args), None, None, None
 
 
 class ReLUDropout(nn.Module):
