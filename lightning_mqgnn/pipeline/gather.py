@@ -55,7 +55,7 @@ class InputAggregation:
     def _parts(self) -> list[Tensor]:
         b = self.block
         ids = self.input_nodes.index_select(0, b.indices)
-        agg = row_sum(ids, self.features, b.indptr[:-1], b.weights.to(self.features.dtype))
+        agg = row_sum(ids, self.features, b.indptr, b.weights.to(self.features.dtype))
         if not self.with_self:
             return [agg]
         return [agg, self.features.index_select(0, self.input_nodes[: b.num_dst])]

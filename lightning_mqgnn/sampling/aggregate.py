@@ -44,13 +44,17 @@ def _check_constant(weights: Tensor) -> None:
         raise ValueError("block weights are sampling constants and cannot take gradients")
 
 
-def row_sum(indices: Tensor, h: Tensor, offsets: Tensor, weights: Tensor) -> Tensor:
-    """``out[i] = Σ_{e in row i} weights[e] · h[indices[e]]``, rows starting at ``offsets`` (no
-    autograd of its own: the functions above and the gather stage call it). No entries at all
-    (an edgeless block) gives zero rows."""
+def row_sum(indices: Tensor, h: Tensor, indptr: Tensor, weights: Tensor) -> Tensor:
+    """``out[i] = Σ_{e in row i} weights[e] · h[indices[e]]``, row ``i`` the entries
+    ``indptr[i]:indptr[i + 1]`` (no autograd of its own: the functions above and the gather stage
+    call it). The whole ``indptr`` goes to ``embedding_bag`` (``include_last_offset``): given only
+    the row starts, it copies them to append the end. No entries at all (an edgeless block)
+    gives zero rows."""
     if indices.numel() == 0:
-        return h.new_zeros(offsets.numel(), h.shape[1])
-    return F.embedding_bag(indices, h, offsets, mode="sum", per_sample_weights=weights)
+        return h.new_zeros(indptr.numel() - 1, h.shape[1])
+    return F.embedding_bag(
+        indices, h, indptr, mode="sum", per_sample_weights=weights, include_last_offset=True
+    )
 
 
 @torch.compiler.disable  # the CPU path is a numba loop, which torch.compile cannot trace
@@ -77,7 +81,7 @@ def _transposed_row_sum(
 ) -> Tensor:
     """``Aᵀ @ grad``: the same row sum over the edges grouped by source."""
     src_indptr, src_rows, src_weights = transpose or transpose_of(indptr, indices, weights, num_src)
-    return row_sum(src_rows, grad.contiguous(), src_indptr[:-1], src_weights.to(grad.dtype))
+    return row_sum(src_rows, grad.contiguous(), src_indptr, src_weights.to(grad.dtype))
 
 
 class _WeightedRowSum(torch.autograd.Function):
@@ -85,7 +89,7 @@ class _WeightedRowSum(torch.autograd.Function):
     def forward(ctx, h: Tensor, indptr: Tensor, indices: Tensor, weights: Tensor, transpose) -> Tensor:
         ctx.save_for_backward(indptr, indices, weights, *(transpose or ()))
         ctx.num_src = h.shape[0]
-        return row_sum(indices, h, indptr[:-1], weights)
+        return row_sum(indices, h, indptr, weights)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -102,7 +106,7 @@ class _WeightedRowSumWithSelf(torch.autograd.Function):
         ctx.save_for_backward(indptr, indices, weights, *(transpose or ()))
         ctx.num_src = h.shape[0]
         rows = indptr.numel() - 1
-        return torch.cat([row_sum(indices, h, indptr[:-1], weights), h[:rows]], 1)
+        return torch.cat([row_sum(indices, h, indptr, weights), h[:rows]], 1)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
