@@ -51,7 +51,7 @@ class FusedAdam(torch.optim.Adam):
             with torch.enable_grad():
                 loss = closure()
         groups = [self._fused_arguments(group) for group in self.param_groups]
-        if any(arguments is None for arguments in groups):
+        if self._scaled() or any(arguments is None for arguments in groups):
             _ADAM_STEP(self)
             return loss
         for tensors, options in groups:
@@ -78,6 +78,10 @@ class FusedAdam(torch.optim.Adam):
             or _global_optimizer_post_hooks
         )
 
+    def _scaled(self) -> bool:
+        """Whether a gradient scaler handed this step its scale (``grad_scale``/``found_inf``)."""
+        return getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None
+
     def _fused_arguments(self, group: dict) -> tuple[list[list[Tensor]], dict] | None:
         """``([params, grads, exp_avgs, exp_avg_sqs, steps], options)`` of ``torch._fused_adam_``
         for ``group``, or None where it takes torch's path."""
@@ -88,8 +92,6 @@ class FusedAdam(torch.optim.Adam):
             or group["differentiable"]
             or group["decoupled_weight_decay"]
             or any(isinstance(x, Tensor) for x in (lr, beta1, beta2))
-            or getattr(self, "grad_scale", None) is not None
-            or getattr(self, "found_inf", None) is not None
         ):
             return None
         params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []

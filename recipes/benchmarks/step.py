@@ -115,12 +115,7 @@ def scoped_training_step(module):
     """``module`` with its ``training_step`` inside a profiler scope of that name, and its
     optimiser's ``step`` and ``zero_grad`` inside scopes of theirs (``FusedAdam`` opens none, to
     spare a step the cost of one)."""
-    step = module.training_step
     configure = module.configure_optimizers
-
-    def training_step(*args, **kwargs):
-        with record_function(TRAINING_STEP):
-            return step(*args, **kwargs)
 
     def configure_optimizers():
         optimizer = configure()
@@ -128,7 +123,7 @@ def scoped_training_step(module):
             setattr(optimizer, name, _scoped(getattr(optimizer, name), f"{OPTIMISER_SCOPE}{name}"))
         return optimizer
 
-    module.training_step = training_step
+    module.training_step = _scoped(module.training_step, TRAINING_STEP)
     module.configure_optimizers = configure_optimizers
     return module
 
