@@ -89,7 +89,9 @@ class _WeightedRowSum(torch.autograd.Function):
     def forward(ctx, h: Tensor, indptr: Tensor, indices: Tensor, weights: Tensor, transpose) -> Tensor:
         ctx.save_for_backward(indptr, indices, weights, *(transpose or ()))
         ctx.num_src = h.shape[0]
-        return row_sum(indices, h, indptr, weights)
+        # detached: an ``h`` that requires grad takes embedding_bag's training path, which also
+        # maps each entry to its row for a backward this function does not use
+        return row_sum(indices, h.detach(), indptr, weights)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -106,7 +108,7 @@ class _WeightedRowSumWithSelf(torch.autograd.Function):
         ctx.save_for_backward(indptr, indices, weights, *(transpose or ()))
         ctx.num_src = h.shape[0]
         rows = indptr.numel() - 1
-        return torch.cat([row_sum(indices, h, indptr, weights), h[:rows]], 1)
+        return torch.cat([row_sum(indices, h.detach(), indptr, weights), h[:rows]], 1)
 
     @staticmethod
     def backward(ctx, grad: Tensor):

@@ -60,6 +60,20 @@ def test_row_sum_with_self_is_the_sum_beside_the_first_rows_with_their_gradient(
     )
 
 
+@pytest.mark.parametrize("aggregate", [weighted_row_sum, weighted_row_sum_with_self])
+def test_the_forward_takes_embedding_bags_inference_path(aggregate):
+    """The training path of ``embedding_bag`` also maps entries to rows for a backward of its own,
+    which the aggregation never runs: its forward must not take it, even for an ``h`` in the graph."""
+    block = random_block(40, 300, 6, seed=2)
+    h = torch.randn(300, 8, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        aggregate(block.indptr, block.indices, block.weights, h).sum().backward()
+    names = {e.name for e in prof.events()}
+    assert "aten::_embedding_bag_forward_only" in names
+    assert "aten::_embedding_bag" not in names
+    assert h.grad is not None
+
+
 def test_weights_that_ask_for_gradients_are_refused():
     block = random_block(5, 10, 3, seed=1)
     with pytest.raises(ValueError, match="sampling constants"):
