@@ -2,6 +2,8 @@
 
 Prints the best validation metric, the test metric of the best-validation checkpoint, the paper's
 batch time, the training time and every rank's peak memory. Bad input ends with one ``error:`` line and exit code 2.
+A sampled run writes ``checkpoints/last.ckpt`` in its folder at epoch ends (``last_checkpoint_every_s``);
+``ckpt_path=<that file>`` resumes it, with the run's own overrides.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import hydra
 import lightning.pytorch as pl
+import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
@@ -25,6 +28,7 @@ from lightning_mqgnn.callbacks import (
     BatchTimer,
     CommStatsMonitor,
     GPUBusyMonitor,
+    LastCheckpoint,
     PeakMemoryMonitor,
     StageTimingCallback,
 )
@@ -84,12 +88,30 @@ def train(cfg: DictConfig) -> dict[str, float]:
             f"model {cfg.model.name!r} and loader {loader.func.__name__} do not fit: full-graph training "
             "takes strategy=graph_parallel, pipegcn, pipeqs or gnnpipe, which pick the model and loader"
         )
-    if getattr(module, "full_graph", False):  # each rank's partition is the one batch of an epoch
+    full_graph = getattr(module, "full_graph", False)
+    if full_graph:  # each rank's partition is the one batch of an epoch
         datamodule, batches = loader(dataset=dataset, aggregation=module.aggregation), 1
     else:
         datamodule = sampled_datamodule(cfg, loader, dataset, module)
         batches = datamodule_batches(datamodule, world)
-    callbacks = recipe_callbacks(cfg, strategy)
+    resume = None
+    if cfg.ckpt_path is not None:
+        if full_graph:
+            raise RecipeError(
+                f"ckpt_path={cfg.ckpt_path}: full-graph strategies do not resume (their stale halo and "
+                "activation buffers are not in a checkpoint); sampled training does"
+            )
+        steps_per_epoch = math.ceil(batches / int(cfg.trainer.get("accumulate_grad_batches") or 1))
+        resume = checked_resume_checkpoint(cfg, dict(module.hparams), steps_per_epoch)
+    # a resumed run goes on writing checkpoints where it wrote them before, so ModelCheckpoint keeps
+    # its best score and file
+    checkpoint_dir = (
+        resume.parent
+        if resume is not None
+        else Path(cfg.trainer.get("default_root_dir") or ".") / "checkpoints"
+    )
+    last_checkpoint = not full_graph and cfg.last_checkpoint_every_s is not None
+    callbacks = recipe_callbacks(cfg, strategy, checkpoint_dir, last_checkpoint)
     timer, gpu_busy, checkpoint, memory = callbacks[:4]
     trainer = instantiate(
         cfg.trainer,
@@ -102,9 +124,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # objects) lives for the whole run; freezing it keeps the cyclic collector from scanning it
     # again, which a full collection otherwise does once early in training, inside a step
     gc.freeze()
-    trainer.fit(module, datamodule=datamodule)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     if checkpoint.best_model_path:
-        result, best = {"val": float(checkpoint.best_model_score)}, "best"
+        # the path, not "best": with two checkpoint callbacks Lightning warns about which it reads
+        result, best = {"val": float(checkpoint.best_model_score)}, checkpoint.best_model_path
     else:  # training ended (max_steps, max_time) before the first validation: score the last weights
         validated = trainer.validate(module, datamodule=datamodule, verbose=False)
         result, best = {"val": float(validated[0]["val/metric"])}, None
@@ -126,6 +149,101 @@ def train(cfg: DictConfig) -> dict[str, float]:
             flush=True,
         )
     return result
+
+
+def checked_resume_checkpoint(cfg: DictConfig, hparams: dict, steps_per_epoch: int) -> Path:
+    """The checkpoint ``cfg.ckpt_path`` names, once it is known to continue this run: of a run
+    started with the same settings (``check_same_run``), a Lightning checkpoint, written by a model
+    of the same hyperparameters, at an epoch's end (``last.ckpt``; ``best.ckpt`` is written
+    wherever validation ran)."""
+    path = str(cfg.ckpt_path)
+    file = Path(path)
+    if not file.is_file():
+        raise RecipeError(
+            f"ckpt_path={path}: no such file (a run writes checkpoints/last.ckpt in its folder)"
+        )
+    check_same_run(cfg, file)
+    try:
+        checkpoint = torch.load(file, map_location="cpu", weights_only=True)  # as Lightning loads it
+    except Exception as err:  # a truncated or foreign file: whatever the unpickler raises
+        first_line = (str(err).splitlines() or [""])[0]
+        raise RecipeError(
+            f"ckpt_path={path}: not a readable checkpoint ({type(err).__name__}: {first_line})"
+        ) from err
+    if not isinstance(checkpoint, dict) or not {"global_step", "state_dict", "loops"} <= checkpoint.keys():
+        raise RecipeError(
+            f"ckpt_path={path}: not a Lightning training checkpoint (no global_step, state_dict, loops)"
+        )
+    saved = checkpoint.get("hyper_parameters", {})
+    differ = [
+        f"{key}={saved[key]!r} (this run: {value!r})"
+        for key, value in hparams.items()
+        if key in saved and saved[key] != value
+    ]
+    if differ:
+        raise RecipeError(
+            f"ckpt_path={path} was written by a different model: {', '.join(differ)}; resume with the run's own overrides"
+        )
+    step = int(checkpoint["global_step"])
+    if step % steps_per_epoch:
+        raise RecipeError(
+            f"ckpt_path={path} was written inside an epoch (step {step}, {steps_per_epoch} steps an epoch); "
+            "resume from checkpoints/last.ckpt, which is written at epoch ends"
+        )
+    return file
+
+
+# the settings a resumed run must keep: what decides the model and which batches it trains on (the
+# loader's mode, queues and workers do not: the loaders make the same batches)
+RUN_DEFINING = (
+    "seed",
+    "data",
+    "model",
+    "loader.batch_size",
+    "loader.seed",
+    "loader.shuffle",
+    "loader.drop_last",
+)
+
+
+def check_same_run(cfg: DictConfig, checkpoint: Path) -> None:
+    """Refuse to resume a run under other ``RUN_DEFINING`` settings than it was started with
+    (another batch size or fan-out would train on other batches without a word), read from the
+    config Hydra saved in the run's folder (``<run>/.hydra/config.yaml``, beside
+    ``<run>/checkpoints``); a checkpoint moved out of its run folder is not checked."""
+    saved_file = checkpoint.parent.parent / ".hydra" / "config.yaml"
+    if not saved_file.is_file():
+        return
+    saved = OmegaConf.to_container(OmegaConf.load(saved_file), resolve=False)
+    now = OmegaConf.to_container(cfg, resolve=False)
+    differ = [
+        f"{key}={old!r} (this run: {new!r})"
+        for path in RUN_DEFINING
+        for key, old, new in _differences(path, _at(saved, path), _at(now, path))
+    ]
+    if differ:
+        raise RecipeError(
+            f"ckpt_path={checkpoint} belongs to a run started with other settings ({saved_file}): "
+            f"{', '.join(differ)}; resume with the run's own overrides"
+        )
+
+
+def _at(tree: dict, dotted: str):
+    """The value at a dotted key of a plain config tree; None where it has none."""
+    for key in dotted.split("."):
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
+
+
+def _differences(key: str, old, new) -> list[tuple[str, object, object]]:
+    """The dotted keys under ``key`` whose values differ between two plain config trees."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            d
+            for k in sorted(old.keys() | new.keys())
+            for d in _differences(f"{key}.{k}", old.get(k), new.get(k))
+        ]
+    return [] if old == new else [(key, old, new)]
 
 
 def max_steps(cfg: DictConfig, batches_per_epoch: int) -> int:
@@ -152,19 +270,29 @@ def sampled_datamodule(cfg: DictConfig, loader, dataset, module) -> pl.Lightning
     return loader(dataset=dataset, sampler=sampler, feature_cache=getattr(sampler, "cache", None))
 
 
-def recipe_callbacks(cfg: DictConfig, strategy) -> list[pl.Callback]:
+def recipe_callbacks(
+    cfg: DictConfig, strategy, checkpoint_dir: Path | None = None, last_checkpoint: bool = False
+) -> list[pl.Callback]:
     """The recipe's callbacks: batch timer, GPU busy monitor, best-validation checkpoint and peak
-    memory first (``train`` reads them), then early stopping, stage timing, the strategy's counters
-    and, with the progress bar on, a bar refreshed once per logging interval."""
+    memory first (``train`` reads them), then early stopping, stage timing, the strategy's counters,
+    with ``last_checkpoint`` the epoch-end checkpoint to resume from and, with the progress bar on,
+    a bar refreshed once per logging interval. Checkpoints go to ``checkpoint_dir`` (None:
+    Lightning's default)."""
     callbacks = [
         BatchTimer(),
         GPUBusyMonitor(),
-        ModelCheckpoint(monitor="val/metric", mode="max", save_top_k=1, filename="best"),
+        ModelCheckpoint(
+            dirpath=checkpoint_dir, monitor="val/metric", mode="max", save_top_k=1, filename="best"
+        ),
         PeakMemoryMonitor(),
         BatchEarlyStopping(**cfg.early_stopping),
         StageTimingCallback(cuda_sync=False),  # no device wait inside a step: host-side times
         *strategy_callbacks(strategy),
     ]
+    if last_checkpoint:
+        if checkpoint_dir is None:
+            raise ValueError("last_checkpoint needs a checkpoint_dir")
+        callbacks.append(LastCheckpoint(checkpoint_dir, every_s=float(cfg.last_checkpoint_every_s)))
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(TQDMProgressBar(refresh_rate=int(cfg.trainer.get("log_every_n_steps") or 50)))
     return callbacks

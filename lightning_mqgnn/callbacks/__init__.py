@@ -1,12 +1,13 @@
 """Lightning callbacks of the paper's protocol: batch-level early stopping, batch and stage
-timing on one clock, the GPU busy fraction, every rank's peak memory and the MQ-GNN strategy's
-communication counters."""
+timing on one clock, the GPU busy fraction, every rank's peak memory, the MQ-GNN strategy's
+communication counters, and the epoch-end checkpoint a fit resumes from."""
 
 from lightning_mqgnn.callbacks.batch_timer import BatchTimer
 from lightning_mqgnn.callbacks.clock import TrainingClock, trimmed, trimmed_mean
 from lightning_mqgnn.callbacks.comm_stats import CommStatsMonitor
 from lightning_mqgnn.callbacks.early_stopping import BatchEarlyStopping
 from lightning_mqgnn.callbacks.gpu_busy import GPUBusyMonitor
+from lightning_mqgnn.callbacks.last_checkpoint import LastCheckpoint
 from lightning_mqgnn.callbacks.peak_memory import PeakMemoryMonitor
 from lightning_mqgnn.callbacks.stage_timing import StageTimingCallback
 
@@ -15,6 +16,7 @@ __all__ = [
     "BatchTimer",
     "CommStatsMonitor",
     "GPUBusyMonitor",
+    "LastCheckpoint",
     "PeakMemoryMonitor",
     "StageTimingCallback",
     "TrainingClock",

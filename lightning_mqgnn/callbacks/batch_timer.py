@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning.pytorch as pl
 from typing_extensions import override
 
@@ -20,11 +22,21 @@ class BatchTimer(pl.Callback):
         self.train_time = 0.0
         self.clock = TrainingClock()
         self._fit_start = 0.0
+        self._earlier_train_time = 0.0  # before the checkpoint this fit resumed from
+        self._fitting = False
+        self._in_fit = False
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._fitting = stage == "fit"
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.batch_times.clear()
+        if trainer.ckpt_path is None:  # else load_state_dict has put the earlier batches here
+            self.batch_times.clear()
+            self._earlier_train_time = 0.0
         self._fit_start = self.clock.fit_start(pl_module.device)
+        self._in_fit = True
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -44,7 +56,29 @@ class BatchTimer(pl.Callback):
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.train_time = self.clock.now(boundary=True) - self._fit_start - self.clock.validation_s
+        self.train_time = self._train_time_so_far()
+        self._in_fit = False
+
+    def _train_time_so_far(self) -> float:
+        if not self._in_fit:  # a checkpoint written after the fit: its time is final
+            return self.train_time
+        return (
+            self._earlier_train_time
+            + self.clock.now(boundary=True)
+            - self._fit_start
+            - self.clock.validation_s
+        )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"batch_times": list(self.batch_times), "train_time_s": self._train_time_so_far()}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not self._fitting:
+            return
+        self.batch_times = list(state_dict["batch_times"])
+        self._earlier_train_time = state_dict["train_time_s"]
 
     @property
     def batch_time(self) -> float:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 
 def fixed_epochs_overrides(epochs: int) -> list[str]:
-    """Exactly ``epochs`` epochs: early stopping off, one validation per epoch, no progress bar
-    (the fits ``bench grid`` and ``bench loaders`` compare)."""
+    """Exactly ``epochs`` epochs: early stopping off, one validation per epoch, no progress bar, no
+    checkpoint to resume from (the fits ``bench grid`` and ``bench loaders`` compare, against
+    loops that write none)."""
     return [
         f"trainer.max_epochs={epochs}",
         "early_stopping.patience_batches=1000000000",
         "val_every_batches=0",
         "trainer.enable_progress_bar=false",
+        "last_checkpoint_every_s=null",
     ]
 
 

@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import gc
 import io
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -83,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as root:
         for r in range(args.rounds):
             for name in rotated(loaders, r):
+                fit_root = os.path.join(root, f"round{r}_{name}")  # a checkpoint folder of its own
                 runs[name].append(
-                    fit_once(args.data, args.model, name, args.seed, args.epochs, args.extra.split(), root)
+                    fit_once(
+                        args.data, args.model, name, args.seed, args.epochs, args.extra.split(), fit_root
+                    )
                 )
     reference = loaders[0]
     table = [

@@ -1,5 +1,7 @@
 """The Hydra recipe end to end, and its one-line errors on bad input."""
 
+import shutil
+
 import numpy as np
 import pytest
 from helpers.recipe import assert_one_error_line, result_fields, run_recipe
@@ -143,3 +145,106 @@ def test_impossible_pipeline_layout_is_one_error_line(tmp_path):
     """More stages than the model has convolutions: one error line naming both numbers."""
     proc = run_recipe(tmp_path, "strategy=gnnpipe", "model=gcnii_8", "strategy.stages=9", "data.scale=0.01")
     assert_one_error_line(proc, "9 pipeline stages", "8 graph convolutions")
+
+
+RESUME = (
+    "data.scale=0.02",
+    "trainer.max_steps=-1",
+    "early_stopping.patience_batches=1000000",
+    "last_checkpoint_every_s=0",
+    "val_every_batches=3",  # inside the 4-batch epochs: best.ckpt is written mid-epoch
+)
+
+
+@pytest.fixture(scope="module")
+def resumed_runs(tmp_path_factory):
+    """Four epochs straight through; two epochs; the two-epoch run resumed to four, with the
+    pipelined loader (its batches are the sequential loader's)."""
+    root = tmp_path_factory.mktemp("resume")
+    through = run_recipe(root / "through", *RESUME, "trainer.max_epochs=4")
+    first_half = run_recipe(root / "half", *RESUME, "trainer.max_epochs=2")
+    resumed = run_recipe(
+        root / "resumed",
+        *RESUME,
+        "trainer.max_epochs=4",
+        "loader=pipeline",
+        f"ckpt_path={root / 'half' / 'checkpoints' / 'last.ckpt'}",
+    )
+    for proc in (through, first_half, resumed):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return root, through, resumed
+
+
+def test_a_resumed_run_trains_bit_for_bit_as_one_that_ran_through(resumed_runs):
+    import torch
+
+    root, through, resumed = resumed_runs
+    a = torch.load(root / "through" / "checkpoints" / "last.ckpt", weights_only=True)
+    # the resumed run goes on writing into the folder of the run it resumed
+    b = torch.load(root / "half" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert a["global_step"] == b["global_step"] == 16
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+    adam_a, adam_b = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
+    for i in adam_a:
+        for key in adam_a[i]:
+            assert torch.equal(adam_a[i][key], adam_b[i][key]), (i, key)
+    # the whole run's figures: best validation and its checkpoint's test score, all 16 batches
+    fields_a, fields_b = result_fields(through.stdout), result_fields(resumed.stdout)
+    for key in ("val", "test", "epochs", "batches"):
+        assert fields_a[key] == fields_b[key], key
+
+
+@pytest.mark.parametrize(
+    "case, fragments",
+    [
+        ("mid_epoch", ["best.ckpt", "inside an epoch", "step 15"]),
+        ("missing", ["nope.ckpt", "no such file"]),
+        ("not_a_checkpoint", ["config.yaml", "not a readable checkpoint"]),
+        ("other_model", ["different model", "hidden=256 (this run: 128)"]),
+        ("other_settings", ["other settings", "loader.batch_size=512 (this run: 300)"]),
+        ("full_graph", ["full-graph strategies do not resume"]),
+    ],
+)
+def test_a_checkpoint_that_does_not_continue_this_run_is_one_error_line(
+    resumed_runs, tmp_path, case, fragments
+):
+    root = resumed_runs[0]
+    last = root / "through" / "checkpoints" / "last.ckpt"
+    moved = tmp_path / "moved.ckpt"
+    shutil.copy(last, moved)
+    overrides = {
+        "mid_epoch": [f"ckpt_path={root / 'through' / 'checkpoints' / 'best.ckpt'}"],
+        "missing": [f"ckpt_path={root / 'through' / 'checkpoints' / 'nope.ckpt'}"],
+        "not_a_checkpoint": [f"ckpt_path={root / 'through' / '.hydra' / 'config.yaml'}"],
+        # moved out of its run folder, where no saved config says how it was started: the
+        # checkpoint's own hyperparameters still do
+        "other_model": [f"ckpt_path={moved}", "model.module.hidden=128"],
+        "other_settings": [f"ckpt_path={last}", "loader.batch_size=300"],
+        "full_graph": [f"ckpt_path={last}", "strategy=graph_parallel", "trainer.accelerator=cpu"],
+    }[case]
+    proc = run_recipe(tmp_path, *RESUME, "trainer.max_epochs=6", *overrides)
+    assert_one_error_line(proc, *fragments)
+
+
+@pytest.mark.slow  # six rank processes each import the stack
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", ["ddp", "mqgnn"])
+def test_a_resumed_two_rank_run_trains_as_one_that_ran_through(tmp_path, strategy):
+    """Two gloo ranks: rank 0 decides when to write and writes, both restore from its file."""
+    import torch
+
+    ranks = ("trainer.accelerator=cpu", "trainer.devices=2", f"strategy={strategy}")
+    through = run_recipe(tmp_path / "through", *RESUME, *ranks, "trainer.max_epochs=4")
+    half = run_recipe(tmp_path / "half", *RESUME, *ranks, "trainer.max_epochs=2")
+    last = tmp_path / "half" / "checkpoints" / "last.ckpt"
+    resumed = run_recipe(tmp_path / "resumed", *RESUME, *ranks, "trainer.max_epochs=4", f"ckpt_path={last}")
+    for proc in (through, half, resumed):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    a = torch.load(tmp_path / "through" / "checkpoints" / "last.ckpt", weights_only=True)
+    b = torch.load(last, weights_only=True)
+    assert a["global_step"] == b["global_step"] > 0
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+    assert result_fields(through.stdout)["test"] == result_fields(resumed.stdout)["test"]
