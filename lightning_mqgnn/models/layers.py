@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from lightning_mqgnn.models.activated_aggregation import activated_aggregate
 from lightning_mqgnn.sampling.batch import Block
 
 
@@ -42,10 +43,16 @@ class GCNLayer(nn.Module):
         if glorot:
             nn.init.xavier_uniform_(self.linear.weight)
 
-    def forward(self, block: Block, h_src: Tensor, h_dst: Tensor | None = None) -> Tensor:
+    def forward(
+        self, block: Block, h_src: Tensor, h_dst: Tensor | None = None, activation: nn.Module | None = None
+    ) -> Tensor:
+        """``activation``: applied to ``h_src`` first (the previous layer's ReLU + dropout), fused
+        with the aggregation where this layer aggregates first (``activated_aggregate``)."""
         if transform_first(block, self.linear.in_features, self.linear.out_features):
+            if activation is not None:
+                h_src = activation(h_src)
             return block.aggregate(self.linear(h_src)).add_(self.bias)
-        return self.transform(block.aggregate(h_src))
+        return self.transform(activated_aggregate(block, h_src, activation))
 
     def transform(self, aggregated: Tensor) -> Tensor:
         """The layer after its aggregation: ``(P̂ H) W + b`` from ``P̂ H`` (``MiniBatch.aggregated``)."""
@@ -66,16 +73,24 @@ class SAGELayer(nn.Module):
         self.neigh = nn.Linear(in_dim, out_dim, bias=False)
         self.self_ = nn.Linear(in_dim, out_dim)
 
-    def forward(self, block: Block, h_src: Tensor, h_dst: Tensor | None = None) -> Tensor:
+    def forward(
+        self, block: Block, h_src: Tensor, h_dst: Tensor | None = None, activation: nn.Module | None = None
+    ) -> Tensor:
+        """``activation``: applied to the inputs first (the previous layer's ReLU + dropout), fused
+        with the aggregation where this layer aggregates first and takes its self rows from
+        ``h_src`` (``activated_aggregate``)."""
         if h_dst is None and not block.dst_in_src:
             raise ValueError("SAGELayer needs destination features: block.dst_in_src is False")
+        if h_dst is None and not transform_first(block, self.neigh.in_features, self.neigh.out_features):
+            return self.transform(activated_aggregate(block, h_src, activation, with_self=True))
+        if activation is not None:
+            h_src = activation(h_src)
+            h_dst = None if h_dst is None else activation(h_dst)
         if transform_first(block, self.neigh.in_features, self.neigh.out_features):
             if h_dst is None:
                 h_dst = h_src[: block.num_dst]
             agg = block.aggregate(self.neigh(h_src)).add_(self.self_.bias)
             return torch.addmm(agg, h_dst, self.self_.weight.t())
-        if h_dst is None:
-            return self.transform(block.aggregate_with_self(h_src))
         return self.transform(torch.cat([block.aggregate(h_src), h_dst], 1))
 
     def transform(self, aggregated: Tensor) -> Tensor:

@@ -216,9 +216,10 @@ class NodeClassifier(NodeClassifierBase):
         aggregation of the inputs (``MiniBatch.aggregated``), not their feature rows."""
         h = x
         for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-            h = layer.transform(h) if aggregated and i == 0 else layer(block, h)
-            if i < len(self.layers) - 1:
-                h = self.relu_dropout(h)
+            if aggregated and i == 0:
+                h = layer.transform(h)
+            else:  # ReLU + dropout of the previous layer's output, run with this layer's aggregation
+                h = layer(block, h, activation=self.relu_dropout if i > 0 else None)
         return h
 
     @override

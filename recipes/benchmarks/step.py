@@ -52,7 +52,15 @@ TRAINING_STEP = "training_step"
 OPTIMISER_SCOPE = "bench::optimizer."  # the scopes scoped_training_step opens around the optimiser
 CATEGORIES = ("gemm", "aggregation", "elementwise", "rng", "copy", "optimiser")
 GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv"}
-AGGREGATION = ("embedding_bag", "argsort", "aten::sort", "bincount", "repeat_interleave", "cumsum")
+AGGREGATION = (
+    "embedding_bag",
+    "argsort",
+    "aten::sort",
+    "bincount",
+    "repeat_interleave",
+    "cumsum",
+    "aggregation",
+)
 RNG = ("random_", "uniform_", "bernoulli", "normal_", "randint", "rand")
 COPY = ("copy_", "aten::to", "_to_copy", "contiguous", "clone", "aten::cat", "index_select")
 GEMM_KERNELS = ("gemm", "cutlass", "cublas")  # how GEMM kernels are named (cuBLAS, CUTLASS)

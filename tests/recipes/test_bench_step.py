@@ -72,3 +72,27 @@ def test_compiled_cpu_loops_count_as_operators(monkeypatch):
     assert set(scopes) == {"mqgnn::relu_dropout"}
     split = split_by_category(prof.events(), cuda=False)
     assert split["elementwise"] >= scopes["mqgnn::relu_dropout"] > 0
+
+
+def test_the_fused_aggregation_backward_counts_as_aggregation(monkeypatch):
+    """The backward of ReLU + dropout fused with the aggregation is one compiled loop: counted from
+    its ``mqgnn::`` scope as aggregation, not left to "rest"."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from lightning_mqgnn.models.activated_aggregation import activated_aggregate
+    from lightning_mqgnn.models.dropout import ReLUDropout
+    from lightning_mqgnn.sampling.batch import Block
+
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    from benchmarks.step import split_by_category
+
+    indptr = torch.arange(0, 2049, 2)
+    block = Block(1024, 4096, indptr, torch.randint(0, 4096, (2048,)), torch.rand(2048), dst_in_src=True)
+    z = torch.randn(4096, 256, requires_grad=True) * 1.0
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        activated_aggregate(block, z, ReLUDropout(0.5, inplace=True)).sum().backward()
+    scopes = {e.name: e.self_cpu_time_total * 1e-6 for e in prof.events() if e.name.startswith("mqgnn::")}
+    assert set(scopes) == {"mqgnn::relu_dropout", "mqgnn::masked_aggregation_backward"}
+    split = split_by_category(prof.events(), cuda=False)
+    assert split["aggregation"] >= scopes["mqgnn::masked_aggregation_backward"] > 0
