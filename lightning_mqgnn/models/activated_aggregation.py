@@ -6,7 +6,9 @@ backward reads it and the forward's output and writes it again. Together, one co
 gathers each source row's ``Aᵀ g`` and keeps it, scaled, only where the forward's output is
 positive: the activation is written once and read once. The loop runs on torch's own OpenMP
 threads (numba's ``omp`` threading layer loads the ``libgomp`` torch has loaded), one block of
-rows each; with another threading layer, whose threads would wait beside torch's, it runs on one.
+rows each; with another threading layer, whose threads would wait beside torch's, it runs on one,
+as it does in a process forked from the one that imported this module (numba's GNU OpenMP layer
+is not fork-safe: it terminates a forked child that starts a parallel loop).
 The forward is unchanged: the compiled ReLU + dropout pass (``dropout.relu_mask_``) over ``h``,
 then the aggregation (with GraphSAGE's self rows beside it).
 """
@@ -34,66 +36,80 @@ _SIGNATURE = (
 )
 
 
-@njit(_SIGNATURE, nogil=True, parallel=True, cache=True)
-def _masked_transposed_row_sum(src_indptr, dst_rows, weights, g, with_self, out, scale, grad, blocks):
-    """``grad[s] = scale · (Σ_e w_e g[dst_e] (+ g[s, c:] for a self row)) where out[s] > 0, else 0``
-    over source rows ``s`` (the CSC ``src_indptr``/``dst_rows``/``weights``), in ``blocks``
-    contiguous blocks of rows, one per thread. ``g`` holds the neighbour half's gradient in its
-    first ``c`` columns and, ``with_self``, the self half's in the next ``c``."""
-    num_src, c = grad.shape
-    num_dst = g.shape[0]
-    zero = np.float32(0.0)
-    for b in prange(blocks):
-        for s in range(num_src * b // blocks, num_src * (b + 1) // blocks):
-            gs = grad[s]
-            for j in range(c):
-                gs[j] = zero
-            for e in range(src_indptr[s], src_indptr[s + 1]):
-                gd, w = g[dst_rows[e]], weights[e]
+def _compiled(parallel: bool):
+    """The loop, its blocks of rows on threads (``parallel``) or in turn. Two closures over ``prange``
+    and ``range``: numba's cache keys an entry by code and closure, not by ``parallel``, so one
+    function compiled both ways would load either from the cache."""
+    blocks_of = prange if parallel else range
+
+    @njit(_SIGNATURE, nogil=True, parallel=parallel, cache=True)
+    def masked_transposed_row_sum(src_indptr, dst_rows, weights, g, with_self, out, scale, grad, blocks):
+        """``grad[s] = scale · (Σ_e w_e g[dst_e] (+ g[s, c:] for a self row)) where out[s] > 0, else
+        0`` over source rows ``s`` (the CSC ``src_indptr``/``dst_rows``/``weights``), in ``blocks``
+        contiguous blocks of rows. ``g`` holds the neighbour half's gradient in its first ``c``
+        columns and, ``with_self``, the self half's in the next ``c``."""
+        num_src, c = grad.shape
+        num_dst = g.shape[0]
+        zero = np.float32(0.0)
+        for b in blocks_of(blocks):
+            for s in range(num_src * b // blocks, num_src * (b + 1) // blocks):
+                gs = grad[s]
                 for j in range(c):
-                    gs[j] += w * gd[j]
-            if with_self and s < num_dst:
-                gd = g[s]
+                    gs[j] = zero
+                for e in range(src_indptr[s], src_indptr[s + 1]):
+                    gd, w = g[dst_rows[e]], weights[e]
+                    for j in range(c):
+                        gs[j] += w * gd[j]
+                if with_self and s < num_dst:
+                    gd = g[s]
+                    for j in range(c):
+                        gs[j] += gd[c + j]
+                os_ = out[s]
                 for j in range(c):
-                    gs[j] += gd[c + j]
-            os_ = out[s]
-            for j in range(c):
-                gs[j] = gs[j] * scale if os_[j] > zero else zero
+                    gs[j] = gs[j] * scale if os_[j] > zero else zero
+
+    return masked_transposed_row_sum
 
 
-_threads_are_torchs: bool | None = None  # known after the first parallel run
+_parallel, _serial = _compiled(parallel=True), _compiled(parallel=False)
+
+# numba's OpenMP state is this process's: compiling the parallel loop may already start its threads
+_IMPORTED_IN = os.getpid()
+_on_torchs_threads: bool | None = None  # whether numba loaded the omp layer; known after a first run
 
 
-def _threads() -> int:
-    """Threads for the compiled loop: torch's intra-op count where the loop runs on torch's
-    OpenMP threads (or before that is known), else one."""
-    if _threads_are_torchs is False:
-        return 1
-    return max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+def _runs_parallel() -> bool:
+    """Whether the parallel loop may run: in the process that imported this module, unless numba
+    loaded a threading layer other than ``omp``. Not in a process forked from it: numba's GNU
+    OpenMP layer is not fork-safe and terminates a forked child that starts a parallel loop."""
+    return os.getpid() == _IMPORTED_IN and _on_torchs_threads is not False
 
 
 def _run_masked_transposed_row_sum(
     transpose, g: Tensor, with_self: bool, out: Tensor, scale: float
 ) -> Tensor:
-    global _threads_are_torchs
+    global _on_torchs_threads
     src_indptr, dst_rows, weights = transpose
     grad = torch.empty_like(out)
-    threads = _threads()
-    numba.set_num_threads(threads)
+    args = (
+        src_indptr.numpy(),
+        dst_rows.numpy(),
+        weights.numpy(),
+        g.contiguous().numpy(),
+        with_self,
+        out.numpy(),
+        np.float32(scale),
+        grad.numpy(),
+    )
     with _operator_scope("mqgnn::masked_aggregation_backward"):
-        _masked_transposed_row_sum(
-            src_indptr.numpy(),
-            dst_rows.numpy(),
-            weights.numpy(),
-            g.contiguous().numpy(),
-            with_self,
-            out.numpy(),
-            np.float32(scale),
-            grad.numpy(),
-            threads,
-        )
-    if _threads_are_torchs is None:
-        _threads_are_torchs = numba.threading_layer() == "omp"
+        if _runs_parallel():
+            threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+            numba.set_num_threads(threads)
+            _parallel(*args, threads)
+            if _on_torchs_threads is None:
+                _on_torchs_threads = numba.threading_layer() == "omp"
+        else:
+            _serial(*args, 1)
     return grad
 
 
