@@ -2,8 +2,9 @@
 
 Prints the best validation metric, the test metric of the best-validation checkpoint, the paper's
 batch time, the training time and every rank's peak memory. Bad input ends with one ``error:`` line and exit code 2.
-A sampled run writes ``checkpoints/last.ckpt`` in its folder at epoch ends (``last_checkpoint_every_s``);
-``ckpt_path=<that file>`` resumes it, with the run's own overrides.
+A sampled run bounded by epochs (``trainer.max_steps=-1``) writes ``checkpoints/last.ckpt`` in its
+folder at epoch ends (``last_checkpoint_every_s``); ``ckpt_path=<that file>`` resumes it, with the
+run's own overrides.
 """
 
 from __future__ import annotations
@@ -56,17 +57,17 @@ def check_config_names(argv: list[str]) -> None:
             raise RecipeError(f"unknown {key} config {value!r} (available: {options})")
 
 
-def validation_schedule(val_every: int, batches_per_epoch: int, max_epochs: int) -> dict:
+def validation_schedule(val_every: int, batches_per_epoch: int) -> dict:
     """Trainer arguments that validate every ``val_every`` batches, also when an epoch is shorter
-    (then every few epochs, but at least once before ``max_epochs`` ends); 0 means once per epoch."""
+    (then every few epochs); 0 means once per epoch. Not a function of the run's length: a run
+    resumed with a later end must validate where it did (Lightning resumes an epoch-end checkpoint
+    wrongly under another schedule: it trains one batch more). A run that ends before its first
+    validation is scored on its last weights (``train``)."""
     if val_every <= 0:
         return {"val_check_interval": 1.0, "check_val_every_n_epoch": 1}
     if val_every <= batches_per_epoch:
         return {"val_check_interval": val_every, "check_val_every_n_epoch": 1}
-    every = math.ceil(val_every / batches_per_epoch)
-    if max_epochs > 0:
-        every = min(every, max_epochs)
-    return {"val_check_interval": 1.0, "check_val_every_n_epoch": every}
+    return {"val_check_interval": 1.0, "check_val_every_n_epoch": math.ceil(val_every / batches_per_epoch)}
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -101,6 +102,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 f"ckpt_path={cfg.ckpt_path}: full-graph strategies do not resume (their stale halo and "
                 "activation buffers are not in a checkpoint); sampled training does"
             )
+        if cfg.trainer.get("max_steps") != -1:
+            raise RecipeError(
+                f"ckpt_path={cfg.ckpt_path}: only a run bounded by epochs resumes (Lightning resumes a "
+                "step-bounded run's epoch-end checkpoint one batch off): start and resume it with "
+                "trainer.max_steps=-1 trainer.max_epochs=N"
+            )
         steps_per_epoch = math.ceil(batches / int(cfg.trainer.get("accumulate_grad_batches") or 1))
         resume = checked_resume_checkpoint(cfg, dict(module.hparams), steps_per_epoch)
     # a resumed run goes on writing checkpoints where it wrote them before, so ModelCheckpoint keeps
@@ -110,7 +117,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if resume is not None
         else Path(cfg.trainer.get("default_root_dir") or ".") / "checkpoints"
     )
-    last_checkpoint = not full_graph and cfg.last_checkpoint_every_s is not None
+    # only an epoch-bounded run writes one (LastCheckpoint): the step cap bounds the others by steps
+    last_checkpoint = (
+        not full_graph and cfg.last_checkpoint_every_s is not None and cfg.trainer.get("max_steps") == -1
+    )
     callbacks = recipe_callbacks(cfg, strategy, checkpoint_dir, last_checkpoint)
     timer, gpu_busy, checkpoint, memory = callbacks[:4]
     trainer = instantiate(
@@ -118,7 +128,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         callbacks=callbacks,
         strategy=strategy,
         max_steps=max_steps(cfg, batches),
-        **validation_schedule(cfg.val_every_batches, batches, int(cfg.trainer.get("max_epochs") or -1)),
+        **validation_schedule(cfg.val_every_batches, batches),
     )
     # Everything built so far (imports, config, dataset, model: hundreds of thousands of Python
     # objects) lives for the whole run; freezing it keeps the cyclic collector from scanning it
@@ -203,6 +213,8 @@ RUN_DEFINING = (
     "loader.seed",
     "loader.shuffle",
     "loader.drop_last",
+    "val_every_batches",  # Lightning resumes an epoch-end checkpoint wrongly under another schedule
+    "trainer.accumulate_grad_batches",
 )
 
 

@@ -12,6 +12,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 LAST_CHECKPOINT = "last.ckpt"
@@ -61,6 +62,10 @@ class LastCheckpoint(Checkpoint):
     In a distributed fit rank 0's clock decides, for every rank: ``Trainer.save_checkpoint`` is
     collective, and ranks whose clocks disagreed would wait for each other forever.
 
+    Only epoch-bounded fits (``max_steps=-1``): Lightning resumes the epoch-end checkpoint of a
+    step-bounded fit as a restart inside that epoch and trains one batch more than the fit would
+    have; on such a fit this callback warns once and writes nothing.
+
     A ``Checkpoint`` to Lightning, so it saves where ``ModelCheckpoint`` saves an epoch's end (after
     the module's ``on_train_epoch_end``); a Trainer given it adds no default ``ModelCheckpoint``, so
     add one for the best weights.
@@ -85,10 +90,15 @@ class LastCheckpoint(Checkpoint):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_write = time.monotonic()
+        if trainer.max_steps != -1:
+            rank_zero_warn(
+                f"LastCheckpoint writes nothing in a fit bounded by max_steps={trainer.max_steps}: Lightning "
+                "would resume its epoch-end checkpoint one batch off; bound the fit by max_epochs"
+            )
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.fast_dev_run:
+        if trainer.sanity_checking or trainer.fast_dev_run or trainer.max_steps != -1:
             return
         due = trainer.strategy.broadcast(time.monotonic() - self._last_write >= self.every_s)
         if due:

@@ -38,10 +38,11 @@ def loader():
     return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
 
 
-def fit(root, epochs, callbacks, ckpt_path=None, model=None):
+def fit(root, epochs, callbacks, ckpt_path=None, model=None, max_steps=-1):
     trainer = pl.Trainer(
         accelerator="cpu",
         max_epochs=epochs,
+        max_steps=max_steps,
         callbacks=callbacks,
         default_root_dir=str(root),
         logger=False,
@@ -153,3 +154,10 @@ def test_only_a_fit_restores_the_generators_and_the_batch_timer(tmp_path):
 def test_negative_interval_is_refused(tmp_path):
     with pytest.raises(ValueError, match="every_s"):
         LastCheckpoint(tmp_path, every_s=-1)
+
+
+def test_a_step_bounded_fit_writes_nothing(tmp_path):
+    """Lightning resumes a step-bounded fit's epoch-end checkpoint one batch off: none is written."""
+    with pytest.warns(UserWarning, match="writes nothing in a fit bounded by max_steps=100"):
+        fit(tmp_path, 3, [LastCheckpoint(tmp_path, every_s=0)], max_steps=100)
+    assert not (tmp_path / "last.ckpt").exists()

@@ -204,7 +204,9 @@ def test_a_resumed_run_trains_bit_for_bit_as_one_that_ran_through(resumed_runs):
         ("not_a_checkpoint", ["config.yaml", "not a readable checkpoint"]),
         ("other_model", ["different model", "hidden=256 (this run: 128)"]),
         ("other_settings", ["other settings", "loader.batch_size=512 (this run: 300)"]),
+        ("other_validation", ["other settings", "val_every_batches=3 (this run: 5)"]),
         ("full_graph", ["full-graph strategies do not resume"]),
+        ("step_bounded", ["only a run bounded by epochs resumes", "trainer.max_steps=-1"]),
     ],
 )
 def test_a_checkpoint_that_does_not_continue_this_run_is_one_error_line(
@@ -222,10 +224,39 @@ def test_a_checkpoint_that_does_not_continue_this_run_is_one_error_line(
         # checkpoint's own hyperparameters still do
         "other_model": [f"ckpt_path={moved}", "model.module.hidden=128"],
         "other_settings": [f"ckpt_path={last}", "loader.batch_size=300"],
+        "other_validation": [f"ckpt_path={last}", "val_every_batches=5"],
         "full_graph": [f"ckpt_path={last}", "strategy=graph_parallel", "trainer.accelerator=cpu"],
+        "step_bounded": [f"ckpt_path={last}", "trainer.max_steps=null"],  # the recipe's step cap
     }[case]
     proc = run_recipe(tmp_path, *RESUME, "trainer.max_epochs=6", *overrides)
     assert_one_error_line(proc, *fragments)
+
+
+def _last_checkpoints_equal(a_path, b_path) -> None:
+    import torch
+
+    a, b = torch.load(a_path, weights_only=True), torch.load(b_path, weights_only=True)
+    assert a["global_step"] == b["global_step"] > 0
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+
+
+def test_a_run_resumed_to_a_later_end_validates_where_it_would_have(tmp_path):
+    """Validation every 3 epochs of 4 batches: the two-epoch half ends before its first validation,
+    and the run resumed to 4 epochs validates after its third, as the straight run does (a schedule
+    that depended on the run's length would differ, and Lightning resumes an epoch-end checkpoint
+    under another schedule one batch off)."""
+    every_3_epochs = (*RESUME[:-1], "val_every_batches=10")
+    through = run_recipe(tmp_path / "through", *every_3_epochs, "trainer.max_epochs=4")
+    half = run_recipe(tmp_path / "half", *every_3_epochs, "trainer.max_epochs=2")
+    last = tmp_path / "half" / "checkpoints" / "last.ckpt"
+    resumed = run_recipe(tmp_path / "resumed", *every_3_epochs, "trainer.max_epochs=4", f"ckpt_path={last}")
+    for proc in (through, half, resumed):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    _last_checkpoints_equal(tmp_path / "through" / "checkpoints" / "last.ckpt", last)
+    fields_a, fields_b = result_fields(through.stdout), result_fields(resumed.stdout)
+    for key in ("val", "test", "epochs", "batches"):
+        assert fields_a[key] == fields_b[key], key
 
 
 @pytest.mark.slow  # six rank processes each import the stack
@@ -233,7 +264,6 @@ def test_a_checkpoint_that_does_not_continue_this_run_is_one_error_line(
 @pytest.mark.parametrize("strategy", ["ddp", "mqgnn"])
 def test_a_resumed_two_rank_run_trains_as_one_that_ran_through(tmp_path, strategy):
     """Two gloo ranks: rank 0 decides when to write and writes, both restore from its file."""
-    import torch
 
     ranks = ("trainer.accelerator=cpu", "trainer.devices=2", f"strategy={strategy}")
     through = run_recipe(tmp_path / "through", *RESUME, *ranks, "trainer.max_epochs=4")
@@ -242,9 +272,5 @@ def test_a_resumed_two_rank_run_trains_as_one_that_ran_through(tmp_path, strateg
     resumed = run_recipe(tmp_path / "resumed", *RESUME, *ranks, "trainer.max_epochs=4", f"ckpt_path={last}")
     for proc in (through, half, resumed):
         assert proc.returncode == 0, proc.stderr[-3000:]
-    a = torch.load(tmp_path / "through" / "checkpoints" / "last.ckpt", weights_only=True)
-    b = torch.load(last, weights_only=True)
-    assert a["global_step"] == b["global_step"] > 0
-    for key in a["state_dict"]:
-        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+    _last_checkpoints_equal(tmp_path / "through" / "checkpoints" / "last.ckpt", last)
     assert result_fields(through.stdout)["test"] == result_fields(resumed.stdout)["test"]
