@@ -24,7 +24,7 @@ from numba import njit, prange
 from torch import Tensor
 
 from lightning_mqgnn.models.dropout import ReLUDropout, _operator_scope, keep_scale, relu_mask_
-from lightning_mqgnn.sampling.aggregate import row_sum, transpose_of
+from lightning_mqgnn.sampling.aggregate import _check_constant, block_sums, transpose_of
 from lightning_mqgnn.sampling.batch import Block
 
 if "NUMBA_THREADING_LAYER" not in os.environ:  # the user's choice stands; else torch's threads first
@@ -122,11 +122,7 @@ class _ReLUDropoutRowSum(torch.autograd.Function):
         ctx.mark_dirty(h)
         ctx.set_materialize_grads(False)
         relu_mask_(h, p)
-        rows = indptr.numel() - 1
-        # detached: an ``h`` that requires grad takes embedding_bag's training path
-        agg = row_sum(indices, h.detach(), indptr, weights)
-        if with_self:
-            agg = torch.cat([agg, h[:rows]], 1)
+        agg = block_sums(indices, h, indptr, weights, with_self)
         ctx.save_for_backward(h, indptr, indices, weights, *(transpose or ()))
         ctx.scale, ctx.with_self = keep_scale(p), with_self
         return agg, h
@@ -159,8 +155,7 @@ def _fusable(activation, h: Tensor) -> bool:
 
 @torch.compiler.disable  # compiled loops over numpy views: torch.compile runs it eagerly
 def _fused(block: Block, h: Tensor, p: float, with_self: bool) -> Tensor:
-    if block.weights.requires_grad:
-        raise ValueError("block weights are sampling constants and cannot take gradients")
+    _check_constant(block.weights)
     weights = block.weights.to(h.dtype)
     return _ReLUDropoutRowSum.apply(
         h, p, block.indptr, block.indices, weights, block._transpose(), with_self

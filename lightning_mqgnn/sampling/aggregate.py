@@ -84,14 +84,22 @@ def _transposed_row_sum(
     return row_sum(src_rows, grad.contiguous(), src_indptr, src_weights.to(grad.dtype))
 
 
+def block_sums(
+    indices: Tensor, h: Tensor, indptr: Tensor, weights: Tensor, with_self: bool = False
+) -> Tensor:
+    """The forward of an aggregation with a backward of its own: ``A h`` (``with_self``:
+    ``[A h, h[:rows]]``). ``h`` goes to ``embedding_bag`` detached: one that requires grad takes
+    its training path, which also maps each entry to its row for a backward never run here."""
+    sums = row_sum(indices, h.detach(), indptr, weights)
+    return torch.cat([sums, h[: indptr.numel() - 1]], 1) if with_self else sums
+
+
 class _WeightedRowSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, indptr: Tensor, indices: Tensor, weights: Tensor, transpose) -> Tensor:
         ctx.save_for_backward(indptr, indices, weights, *(transpose or ()))
         ctx.num_src = h.shape[0]
-        # detached: an ``h`` that requires grad takes embedding_bag's training path, which also
-        # maps each entry to its row for a backward this function does not use
-        return row_sum(indices, h.detach(), indptr, weights)
+        return block_sums(indices, h, indptr, weights)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -107,8 +115,7 @@ class _WeightedRowSumWithSelf(torch.autograd.Function):
     def forward(ctx, h: Tensor, indptr: Tensor, indices: Tensor, weights: Tensor, transpose) -> Tensor:
         ctx.save_for_backward(indptr, indices, weights, *(transpose or ()))
         ctx.num_src = h.shape[0]
-        rows = indptr.numel() - 1
-        return torch.cat([row_sum(indices, h.detach(), indptr, weights), h[:rows]], 1)
+        return block_sums(indices, h, indptr, weights, with_self=True)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
