@@ -4,31 +4,23 @@ Apart, the backward of ``A · dropout(relu(h))`` is three passes over the activa
 aggregation's ``Aᵀ g`` (``embedding_bag`` over the block's transpose) writes it, ReLU + dropout's
 backward reads it and the forward's output and writes it again. Together, one compiled loop
 gathers each source row's ``Aᵀ g`` and keeps it, scaled, only where the forward's output is
-positive: the activation is written once and read once. The loop runs on torch's own OpenMP
-threads (numba's ``omp`` threading layer loads the ``libgomp`` torch has loaded), one block of
-rows each; with another threading layer, whose threads would wait beside torch's, it runs on one,
-as it does in a process forked from the one that imported this module (numba's GNU OpenMP layer
-is not fork-safe: it terminates a forked child that starts a parallel loop).
+positive: the activation is written once and read once. The loop runs in blocks of rows on
+torch's own OpenMP threads (``omp_blocks``).
 The forward is unchanged: the compiled ReLU + dropout pass (``dropout.relu_mask_``) over ``h``,
 then the aggregation (with GraphSAGE's self rows beside it).
 """
 
 from __future__ import annotations
 
-import os
-
-import numba
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit
 from torch import Tensor
 
 from lightning_mqgnn.models.dropout import ReLUDropout, _operator_scope, keep_scale, relu_mask_
+from lightning_mqgnn.models.omp_blocks import blocked_loop, run_blocked
 from lightning_mqgnn.sampling.aggregate import _check_constant, block_sums, transpose_of
 from lightning_mqgnn.sampling.batch import Block
-
-if "NUMBA_THREADING_LAYER" not in os.environ:  # the user's choice stands; else torch's threads first
-    numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 
 _SIGNATURE = (
     "void(int64[::1], int64[::1], float32[::1], float32[:, ::1], boolean, float32[:, ::1], float32, "
@@ -36,11 +28,8 @@ _SIGNATURE = (
 )
 
 
-def _compiled(parallel: bool):
-    """The loop, its blocks of rows on threads (``parallel``) or in turn. Two closures over ``prange``
-    and ``range``: numba's cache keys an entry by code and closure, not by ``parallel``, so one
-    function compiled both ways would load either from the cache."""
-    blocks_of = prange if parallel else range
+def _compiled(blocks_of, parallel: bool):
+    """The loop, its blocks of rows on threads (``parallel``) or in turn (``omp_blocks``)."""
 
     @njit(_SIGNATURE, nogil=True, parallel=parallel, cache=True)
     def masked_transposed_row_sum(src_indptr, dst_rows, weights, g, with_self, out, scale, grad, blocks):
@@ -71,24 +60,12 @@ def _compiled(parallel: bool):
     return masked_transposed_row_sum
 
 
-_parallel, _serial = _compiled(parallel=True), _compiled(parallel=False)
-
-# numba's OpenMP state is this process's: compiling the parallel loop may already start its threads
-_IMPORTED_IN = os.getpid()
-_on_torchs_threads: bool | None = None  # whether numba loaded the omp layer; known after a first run
-
-
-def _runs_parallel() -> bool:
-    """Whether the parallel loop may run: in the process that imported this module, unless numba
-    loaded a threading layer other than ``omp``. Not in a process forked from it: numba's GNU
-    OpenMP layer is not fork-safe and terminates a forked child that starts a parallel loop."""
-    return os.getpid() == _IMPORTED_IN and _on_torchs_threads is not False
+_MASKED_TRANSPOSED_ROW_SUM = blocked_loop(_compiled)
 
 
 def _run_masked_transposed_row_sum(
     transpose, g: Tensor, with_self: bool, out: Tensor, scale: float
 ) -> Tensor:
-    global _on_torchs_threads
     src_indptr, dst_rows, weights = transpose
     grad = torch.empty_like(out)
     args = (
@@ -102,14 +79,7 @@ def _run_masked_transposed_row_sum(
         grad.numpy(),
     )
     with _operator_scope("mqgnn::masked_aggregation_backward"):
-        if _runs_parallel():
-            threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-            numba.set_num_threads(threads)
-            _parallel(*args, threads)
-            if _on_torchs_threads is None:
-                _on_torchs_threads = numba.threading_layer() == "omp"
-        else:
-            _serial(*args, 1)
+        run_blocked(_MASKED_TRANSPOSED_ROW_SUM, *args, threads=torch.get_num_threads())
     return grad
 
 

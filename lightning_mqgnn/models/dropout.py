@@ -13,11 +13,12 @@ dropped levels less 2^15). Kept entries are scaled by the exact ``1 / (1 - p_use
 layer stays unbiased.
 
 In float32 a compiled loop writes ``max(h * m, 0)`` straight from the words, one pass over ``h``
-with no mask tensor. In bfloat16 or float16 (``precision="bf16-mixed"``) the words are expanded
-into a mask of that dtype (a 256-row table whose row ``v`` holds the ``8 / b`` mask values byte
-``v`` encodes), the same mask, with the scale as that dtype holds it (exact where it is a power of
-two, as for p = 0.5 or 0.75, rounded otherwise, e.g. 4/3 for p = 0.25). On CUDA, whose RNG is
-fast, it is ``F.dropout(F.relu(h))``.
+with no mask tensor, in blocks on torch's OpenMP threads (``omp_blocks``): word ``i`` of the
+stream depends on ``i`` alone, so each block draws its own words. In bfloat16 or float16
+(``precision="bf16-mixed"``) the words are expanded into a mask of that dtype (a 256-row table
+whose row ``v`` holds the ``8 / b`` mask values byte ``v`` encodes), the same mask, with the
+scale as that dtype holds it (exact where it is a power of two, as for p = 0.5 or 0.75, rounded
+otherwise, e.g. 4/3 for p = 0.25). On CUDA, whose RNG is fast, it is ``F.dropout(F.relu(h))``.
 
 ReLU and the mask share one autograd node: ``relu(h) * m == max(h * m, 0)`` because ``m >= 0``.
 Every kept entry has the same scale ``s``, and an output is positive exactly where the entry was
@@ -41,6 +42,8 @@ from numba import njit
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.profiler import record_function
+
+from lightning_mqgnn.models.omp_blocks import blocked_loop, run_blocked
 
 _LEVELS = 1 << 16
 _FEW_BITS = (1, 2)
@@ -88,13 +91,18 @@ def _keep_threshold(p: float, bits: int) -> int:
     return dropped - _LEVELS // 2 if bits == 16 else dropped
 
 
+def _draw_seed(generator: torch.Generator | None) -> np.uint64:
+    """A mask's stream seed: 64 random bits from ``generator`` (torch's default one if None)."""
+    seed = torch.empty((), dtype=torch.int64).random_(-(2**63), None, generator=generator)
+    return np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF)
+
+
 @torch.compiler.disable  # a numba loop over numpy views: nothing a graph could hold
 def random_words(num_elements: int, bits: int, generator: torch.Generator | None = None) -> Tensor:
     """The int64 words holding ``bits`` random bits for each of ``num_elements`` elements: one
     SplitMix64 stream from a seed drawn from ``generator``."""
-    seed = torch.empty((), dtype=torch.int64).random_(-(2**63), None, generator=generator)
     words = torch.empty((num_elements * bits + 63) // 64, dtype=torch.int64)
-    _fill_words(words.numpy().view(np.uint64), np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF))
+    _fill_words(words.numpy().view(np.uint64), _draw_seed(generator))
     return words
 
 
@@ -141,6 +149,44 @@ def _relu_mask_16_(h, lanes, threshold, scale):
         h[i] = x if lanes[i] >= threshold else zero
 
 
+@njit("void(float32[::1], uint64, int64, int64, int64, float32)", nogil=True, cache=True)
+def _relu_mask_span_(h, seed, first_word, bits, threshold, scale):
+    """``h = max(h * m, 0)`` in place for the elements of ``h``, which start at word ``first_word``
+    of the stream from ``seed`` (a multiple of 64 elements in): their words drawn here, as word
+    ``i`` depends on ``i`` alone, then the pass for ``bits`` bits a lane."""
+    words = np.empty((h.size * bits + 63) // 64, np.uint64)
+    _fill_words(words, seed + np.uint64(first_word) * _GAMMA)
+    if bits == 16:
+        _relu_mask_16_(h, words.view(np.int16), np.int16(threshold), scale)
+    elif bits == 1:
+        _relu_keep_bits_(h, words.view(np.uint32), scale)
+    else:
+        keep = np.empty(words.size, np.uint32)
+        _two_bit_keep(keep, words, threshold == 1)
+        _relu_keep_bits_(h, keep, scale)
+
+
+def _relu_mask_blocks(blocks_of, parallel: bool):
+    """The pass over ``h`` in ``blocks`` spans of whole 64-element chunks, on threads
+    (``parallel``) or in turn (``omp_blocks``): every block draws its own words, the same ones."""
+
+    @njit(
+        "void(float32[::1], uint64, int64, int64, float32, int64)", nogil=True, parallel=parallel, cache=True
+    )
+    def relu_mask_blocks_(h, seed, bits, threshold, scale, blocks):
+        chunks = (h.size + 63) // 64
+        for b in blocks_of(blocks):
+            start = 64 * (chunks * b // blocks)
+            stop = min(h.size, 64 * (chunks * (b + 1) // blocks))
+            if start < stop:
+                _relu_mask_span_(h[start:stop], seed, start * bits // 64, bits, threshold, scale)
+
+    return relu_mask_blocks_
+
+
+_RELU_MASK = blocked_loop(_relu_mask_blocks)
+
+
 def _operator_scope(name: str) -> contextlib.AbstractContextManager:
     """A profiler scope around compiled loops, so that a profile counts them as an operator; opened
     only while a profiler records: opening one costs 10-100 us, profiling or not."""
@@ -150,21 +196,13 @@ def _operator_scope(name: str) -> contextlib.AbstractContextManager:
 @torch.compiler.disable  # numba loops over numpy views of ``h``: torch.compile runs it eagerly
 def relu_mask_(h: Tensor, p: float, generator: torch.Generator | None = None) -> Tensor:
     """``h = relu(h) * random_keep_mask(h.shape, p, generator)`` in one compiled pass over ``h``,
-    with no mask tensor, for contiguous float32 ``h``; returns ``h``. The compiled loops run inside
-    one ``mqgnn::`` profiler scope, as an operator would."""
+    with no mask tensor, for contiguous float32 ``h``, in blocks on torch's threads
+    (``omp_blocks``); returns ``h``. The compiled loops run inside one ``mqgnn::`` profiler scope,
+    as an operator would."""
     bits = mask_bits(p)
     with _operator_scope("mqgnn::relu_dropout"):
-        words = random_words(h.numel(), bits, generator).numpy().view(np.uint64)
-        flat = h.view(-1).numpy()
-        scale, threshold = np.float32(keep_scale(p)), _keep_threshold(p, bits)
-        if bits == 16:
-            _relu_mask_16_(flat, words.view(np.int16), np.int16(threshold), scale)
-        elif bits == 1:
-            _relu_keep_bits_(flat, words.view(np.uint32), scale)
-        else:
-            keep = np.empty(words.size, np.uint32)
-            _two_bit_keep(keep, words, threshold == 1)
-            _relu_keep_bits_(flat, keep, scale)
+        args = (h.view(-1).numpy(), _draw_seed(generator), bits, _keep_threshold(p, bits))
+        run_blocked(_RELU_MASK, *args, np.float32(keep_scale(p)), threads=torch.get_num_threads())
     return h
 
 

@@ -103,25 +103,3 @@ def test_the_cases_it_leaves_to_the_two_steps(case, monkeypatch):
     assert called == []
     if case in ("eval", "no_dropout"):
         assert torch.allclose(out, block.aggregate(torch.relu(z.detach())))
-
-
-def _child_gradient(queue):
-    block = sampled_block(50, 400, 6, seed=3).with_transpose()
-    queue.put(run(block, True, 0.5, apart=False)[1].numpy())  # by value: the child exits
-
-
-def test_a_process_forked_after_a_parallel_run_still_trains():
-    """numba's GNU OpenMP layer is not fork-safe: a child forked from a process that ran a
-    parallel loop, which runs one itself, is terminated. The fused backward runs on one thread
-    there, with the same gradient."""
-    import multiprocessing
-
-    block = sampled_block(50, 400, 6, seed=3).with_transpose()
-    expected = run(block, True, 0.5, apart=False)[1]  # the parallel loop has run in this process
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_child_gradient, args=(queue,))
-    child.start()
-    child.join(timeout=60)
-    assert child.exitcode == 0, f"the forked child ended with {child.exitcode}"
-    assert torch.equal(torch.from_numpy(queue.get(timeout=10)), expected)

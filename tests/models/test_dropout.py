@@ -2,13 +2,17 @@
 reproducibility, independent lanes, plain ReLU in eval mode; its compiled float32 pass applies
 the same mask as the tensor form."""
 
+import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
 
 from lightning_mqgnn.models.dropout import (
+    _RELU_MASK,
     MaskBuffer,
     ReLUDropout,
+    _draw_seed,
+    _keep_threshold,
     keep_scale,
     mask_bits,
     quantised_drop_probability,
@@ -84,6 +88,32 @@ def test_the_compiled_pass_equals_the_mask_applied_as_tensors(p):
     assert torch.equal(compiled, torch.relu(h) * random_keep_mask(h.shape, p))
     out = relu_mask_(h.clone(), p, torch.Generator().manual_seed(9))  # a generator of its own
     assert torch.equal(out, torch.relu(h) * random_keep_mask(h.shape, p, torch.Generator().manual_seed(9)))
+
+
+@pytest.mark.parametrize("p", [0.5, 0.25, 0.75, 0.2])
+@pytest.mark.parametrize("numel", [1, 63, 64, 65, 2000, 4097])
+def test_every_split_of_the_pass_into_blocks_applies_the_same_mask(p, numel):
+    """The pass runs in blocks of whole 64-element chunks, each drawing its own words: in any
+    number of blocks, in turn or on threads, it applies the mask of the whole stream."""
+    h = torch.randn(numel)
+    expected = torch.relu(h) * random_keep_mask(h.shape, p, torch.Generator().manual_seed(7))
+    bits = mask_bits(p)
+    seed = _draw_seed(torch.Generator().manual_seed(7))
+    args = (seed, bits, _keep_threshold(p, bits), np.float32(keep_scale(p)))
+    for blocks in range(1, 6):
+        out = h.clone()
+        _RELU_MASK.serial(out.numpy(), *args, blocks)
+        assert torch.equal(out, expected), f"{blocks} blocks in turn"
+        out = h.clone()
+        _RELU_MASK.parallel(out.numpy(), *args, blocks)
+        assert torch.equal(out, expected), f"{blocks} blocks on threads"
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            assert torch.equal(relu_mask_(h.clone(), p, torch.Generator().manual_seed(7)), expected)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_masks_of_different_seeds_differ_and_words_cover_every_bit():
