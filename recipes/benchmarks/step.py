@@ -8,7 +8,8 @@ configs (``conf/data``, ``conf/model``), so the step (forward, backward, optimis
 overhead) is all that is measured. Two loops train on the same batches:
 - ``bare``: ``zero_grad``, ``training_step``, ``backward``, ``step`` in a Python loop;
 - ``trainer``: ``lightning.Trainer.fit`` with the recipe's callbacks, logger and progress bar.
-Each loop runs twice: once timed (median wall time per step), once under ``torch.profiler``, whose
+Each loop runs twice, on a heap frozen as ``train.py`` freezes it before its fit: once timed
+(median wall time per step), once under ``torch.profiler``, whose
 per-operator self time (CPU time on CPU, kernel time on CUDA; the scopes named ``mqgnn::`` of the
 compiled CPU loops count as operators) is sorted into GEMM (``mm``, ``addmm``, ``bmm``: the
 floor), aggregation, elementwise, RNG, copies and the optimiser; on CPU
@@ -25,6 +26,8 @@ pace of the slower of host and device, as in training.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import statistics
 import sys
 import time
@@ -282,13 +285,33 @@ def step_over_floor(figures: dict) -> float:
     return figures["step"] / max(figures["gemm"], 1e-9)
 
 
+@contextlib.contextmanager
+def frozen_heap():
+    """The heap as ``train.py`` leaves it for the fit: every object built before it frozen
+    (``gc.freeze``), so that the cyclic collector does not scan the dataset's, config's and
+    imports' objects inside training steps; collected after."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.collect()
+
+
 def measure_pair(loop: str, make_module, batches: list, device: torch.device, cfg, warmup: int) -> dict:
-    """The median step of a timed run, then the same run under the profiler, split by category."""
-    run = (
+    """The median step of a timed run, then the same run under the profiler, split by category;
+    each run on a frozen heap, as the recipe fits (``frozen_heap``)."""
+    loop_run = (
         (lambda m: bare_loop(m, batches, device))
         if loop == "bare"
         else (lambda m: trainer_loop(m, batches, device, cfg))
     )
+
+    def run(module) -> list[float]:
+        with frozen_heap():
+            return loop_run(module)
+
     step_s = statistics.median(run(make_module())[warmup:])
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
