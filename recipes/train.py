@@ -2,9 +2,9 @@
 
 Prints the best validation metric, the test metric of the best-validation checkpoint, the paper's
 batch time, the training time and every rank's peak memory. Bad input ends with one ``error:`` line and exit code 2.
-A sampled run bounded by epochs (``trainer.max_steps=-1``) writes ``checkpoints/last.ckpt`` in its
-folder at epoch ends (``last_checkpoint_every_s``); ``ckpt_path=<that file>`` resumes it, with the
-run's own overrides.
+A sampled run bounded by epochs (the default cap, ``step_cap``, or ``trainer.max_steps=-1``) writes
+``checkpoints/last.ckpt`` in its folder at epoch ends (``last_checkpoint_every_s``);
+``ckpt_path=<that file>`` resumes it, with the run's own overrides.
 """
 
 from __future__ import annotations
@@ -102,11 +102,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 f"ckpt_path={cfg.ckpt_path}: full-graph strategies do not resume (their stale halo and "
                 "activation buffers are not in a checkpoint); sampled training does"
             )
-        if cfg.trainer.get("max_steps") != -1:
+        if not epoch_bounded(cfg):
             raise RecipeError(
                 f"ckpt_path={cfg.ckpt_path}: only a run bounded by epochs resumes (Lightning resumes a "
-                "step-bounded run's epoch-end checkpoint one batch off): start and resume it with "
-                "trainer.max_steps=-1 trainer.max_epochs=N"
+                f"step-bounded run's epoch-end checkpoint one batch off), not trainer.max_steps="
+                f"{cfg.trainer.max_steps}: start and resume it with trainer.max_steps=null (the recipe's "
+                "cap, step_cap) or -1, and trainer.max_epochs=N"
             )
         steps_per_epoch = math.ceil(batches / int(cfg.trainer.get("accumulate_grad_batches") or 1))
         resume = checked_resume_checkpoint(cfg, dict(module.hparams), steps_per_epoch)
@@ -117,17 +118,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if resume is not None
         else Path(cfg.trainer.get("default_root_dir") or ".") / "checkpoints"
     )
-    # only an epoch-bounded run writes one (LastCheckpoint): the step cap bounds the others by steps
-    last_checkpoint = (
-        not full_graph and cfg.last_checkpoint_every_s is not None and cfg.trainer.get("max_steps") == -1
-    )
+    # only an epoch-bounded run writes one (LastCheckpoint): trainer.max_steps bounds the others by steps
+    last_checkpoint = not full_graph and cfg.last_checkpoint_every_s is not None and epoch_bounded(cfg)
     callbacks = recipe_callbacks(cfg, strategy, checkpoint_dir, last_checkpoint)
     timer, gpu_busy, checkpoint, memory = callbacks[:4]
     trainer = instantiate(
         cfg.trainer,
         callbacks=callbacks,
         strategy=strategy,
-        max_steps=max_steps(cfg, batches),
+        **run_length(cfg, batches),
         **validation_schedule(cfg.val_every_batches, batches),
     )
     # Everything built so far (imports, config, dataset, model: hundreds of thousands of Python
@@ -258,11 +257,23 @@ def _differences(key: str, old, new) -> list[tuple[str, object, object]]:
     return [] if old == new else [(key, old, new)]
 
 
-def max_steps(cfg: DictConfig, batches_per_epoch: int) -> int:
-    """``trainer.max_steps`` when given, else the data-sized cap of ``step_cap``."""
+def epoch_bounded(cfg: DictConfig) -> bool:
+    """Whether the run ends at an epoch's end (``trainer.max_steps`` null: the recipe's cap, or -1),
+    the runs ``LastCheckpoint`` writes for and the recipe resumes."""
+    return cfg.trainer.get("max_steps") in (None, -1)
+
+
+def run_length(cfg: DictConfig, batches_per_epoch: int) -> dict:
+    """``max_steps`` and ``max_epochs`` of the trainer: with ``trainer.max_steps`` given, the
+    trainer config's own; else the data-sized cap of ``step_cap``, in whole epochs: at least
+    ``min_steps`` batches, rounded up to an epoch's end, and at least ``epochs`` epochs (a
+    shorter ``trainer.max_epochs`` stands)."""
     if cfg.trainer.get("max_steps") is not None:
-        return int(cfg.trainer.max_steps)
-    return max(int(cfg.step_cap.min_steps), int(cfg.step_cap.epochs) * batches_per_epoch)
+        return {"max_steps": int(cfg.trainer.max_steps)}
+    cap = max(int(cfg.step_cap.epochs), math.ceil(int(cfg.step_cap.min_steps) / batches_per_epoch))
+    epochs = cfg.trainer.get("max_epochs")
+    epochs = -1 if epochs is None else int(epochs)
+    return {"max_steps": -1, "max_epochs": cap if epochs < 0 else min(epochs, cap)}
 
 
 def sampled_datamodule(cfg: DictConfig, loader, dataset, module) -> pl.LightningDataModule:

@@ -196,6 +196,25 @@ def test_a_resumed_run_trains_bit_for_bit_as_one_that_ran_through(resumed_runs):
         assert fields_a[key] == fields_b[key], key
 
 
+def test_a_run_under_the_default_cap_ends_at_an_epochs_end_and_resumes(resumed_runs, tmp_path):
+    """The recipe's cap is whole epochs: 6 batches at least, of 4-batch epochs, is 2 epochs. That
+    run, resumed under a cap of 4 epochs, trains as the run of 4 epochs straight through."""
+    root, through, _ = resumed_runs
+    default_cap = tuple(o for o in RESUME if not o.startswith("trainer.max_steps"))
+    half = run_recipe(tmp_path / "half", *default_cap, "step_cap.min_steps=6", "step_cap.epochs=1")
+    assert half.returncode == 0, half.stderr[-3000:]
+    assert result_fields(half.stdout)["batches"] == "8"
+    last = tmp_path / "half" / "checkpoints" / "last.ckpt"
+    resumed = run_recipe(
+        tmp_path / "resumed", *default_cap, "step_cap.min_steps=0", "step_cap.epochs=4", f"ckpt_path={last}"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _last_checkpoints_equal(root / "through" / "checkpoints" / "last.ckpt", last)
+    fields_a, fields_b = result_fields(through.stdout), result_fields(resumed.stdout)
+    for key in ("val", "test", "epochs", "batches"):
+        assert fields_a[key] == fields_b[key], key
+
+
 @pytest.mark.parametrize(
     "case, fragments",
     [
@@ -206,7 +225,7 @@ def test_a_resumed_run_trains_bit_for_bit_as_one_that_ran_through(resumed_runs):
         ("other_settings", ["other settings", "loader.batch_size=512 (this run: 300)"]),
         ("other_validation", ["other settings", "val_every_batches=3 (this run: 5)"]),
         ("full_graph", ["full-graph strategies do not resume"]),
-        ("step_bounded", ["only a run bounded by epochs resumes", "trainer.max_steps=-1"]),
+        ("step_bounded", ["only a run bounded by epochs resumes", "not trainer.max_steps=100"]),
     ],
 )
 def test_a_checkpoint_that_does_not_continue_this_run_is_one_error_line(
@@ -226,7 +245,7 @@ def test_a_checkpoint_that_does_not_continue_this_run_is_one_error_line(
         "other_settings": [f"ckpt_path={last}", "loader.batch_size=300"],
         "other_validation": [f"ckpt_path={last}", "val_every_batches=5"],
         "full_graph": [f"ckpt_path={last}", "strategy=graph_parallel", "trainer.accelerator=cpu"],
-        "step_bounded": [f"ckpt_path={last}", "trainer.max_steps=null"],  # the recipe's step cap
+        "step_bounded": [f"ckpt_path={last}", "trainer.max_steps=100"],
     }[case]
     proc = run_recipe(tmp_path, *RESUME, "trainer.max_epochs=6", *overrides)
     assert_one_error_line(proc, *fragments)
