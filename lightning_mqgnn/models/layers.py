@@ -81,12 +81,13 @@ class SAGELayer(nn.Module):
         ``h_src`` (``activated_aggregate``)."""
         if h_dst is None and not block.dst_in_src:
             raise ValueError("SAGELayer needs destination features: block.dst_in_src is False")
-        if h_dst is None and not transform_first(block, self.neigh.in_features, self.neigh.out_features):
+        first = transform_first(block, self.neigh.in_features, self.neigh.out_features)
+        if h_dst is None and not first:
             return self.transform(activated_aggregate(block, h_src, activation, with_self=True))
         if activation is not None:
             h_src = activation(h_src)
             h_dst = None if h_dst is None else activation(h_dst)
-        if transform_first(block, self.neigh.in_features, self.neigh.out_features):
+        if first:
             if h_dst is None:
                 h_dst = h_src[: block.num_dst]
             agg = block.aggregate(self.neigh(h_src)).add_(self.self_.bias)
