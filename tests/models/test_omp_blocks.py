@@ -33,5 +33,8 @@ def test_a_process_forked_after_a_parallel_run_runs_the_blocks_in_turn():
     child = context.Process(target=_child, args=(h, queue))
     child.start()
     child.join(timeout=60)
+    if child.is_alive():  # a hung child fails the test below, and is not left behind
+        child.kill()
+        child.join()
     assert child.exitcode == 0, f"the forked child ended with {child.exitcode}"
     assert np.array_equal(queue.get(timeout=10), expected)
