@@ -11,7 +11,8 @@
 # never loads, and plain pip resolution would pull it back in. Exact pins also keep CI reproducible
 # when a dependency drops numpy 1.x or torch 2.2. The lock was resolved with pip 23.2 against PyPI
 # (torch==2.2.1 dgl==2.1.0 torchdata==0.7.1 numpy<2 pandas<2.3 setuptools<70 pydantic
-# lightning==2.6.6 torchmetrics==1.9.0 hydra-core==1.3.8 ogb==1.3.6 scipy numba pytest psutil), plus
+# lightning==2.6.6 torchmetrics==1.9.0 hydra-core==1.3.8 ogb==1.3.6 scipy numba pytest psutil pooch
+# platformdirs), plus
 # pytest-timeout (the dev extra) and wheel<0.46 (bdist_wheel for the editable install of this project
 # with setuptools<70, no build isolation). `import dgl` itself needs pandas, pydantic and PyYAML
 # (dgl/data/csv_dataset_base.py, imported by dgl/__init__.py).
@@ -59,6 +60,8 @@ certifi==2026.10.19.post1
 charset-normalizer==3.5.3
 idna==3.20
 urllib3==2.8.0
+pooch==1.9.0
+platformdirs==4.14.8
 tqdm==4.70.1
 psutil==7.2.2
 scipy==1.17.1

@@ -1,5 +1,6 @@
 """Shared test set-up."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,11 @@ from helpers.paths import SHARED_DATA
 # Test graphs are tiny: one intra-op thread avoids OpenMP spin-waits that make small ops 10x
 # slower when the 2 cores are shared with worker or rank processes.
 torch.set_num_threads(1)
+
+# Named datasets come from the offline copy, never the network; recipes run as subprocesses
+# inherit this. Tests of the registry's downloads unset it.
+if SHARED_DATA.is_dir():
+    os.environ.setdefault("MQGNN_DATA_MIRROR", str(SHARED_DATA))
 
 
 @pytest.fixture

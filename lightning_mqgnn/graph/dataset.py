@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -37,6 +39,37 @@ class GraphDataset:
         # samplers and the feature gather read random rows of these: fewer TLB misses
         advise_huge_pages(self.graph.indptr, self.graph.indices, self.features)
 
+    @classmethod
+    def from_arrays(
+        cls,
+        edge_index: Any,
+        features: Any,
+        labels: Any,
+        splits: Mapping[str, Any] | None = None,
+        split_fractions: Sequence[float] = (0.6, 0.2, 0.2),
+        seed: int = 0,
+        metric: str = "accuracy",
+        name: str = "arrays",
+        make_undirected: bool = True,
+        num_classes: int | None = None,
+    ) -> GraphDataset:
+        """Your own graph from tensors or numpy arrays, validated like every loaded dataset: see
+        ``graph.arrays.from_arrays``."""
+        from lightning_mqgnn.graph.arrays import from_arrays
+
+        return from_arrays(
+            edge_index,
+            features,
+            labels,
+            splits=splits,
+            split_fractions=split_fractions,
+            seed=seed,
+            metric=metric,
+            name=name,
+            make_undirected=make_undirected,
+            num_classes=num_classes,
+        )
+
     @property
     def num_nodes(self) -> int:
         return self.graph.num_nodes
@@ -58,7 +91,7 @@ class GraphDataset:
 
     def summary(self) -> str:
         return (
-            f"{self.name}: {self.num_nodes:,} nodes, {self.graph.num_edges:,} edges, "
+            f"{self.name}: {self.num_nodes:,} nodes, {self.graph.num_edges:,} directed edges, "
             f"{self.num_features} features, {self.num_classes} "
             f"{'tasks' if self.multilabel else 'classes'}, metric {self.metric}, split "
             f"{self.train_idx.numel():,}/{self.val_idx.numel():,}/{self.test_idx.numel():,}"

@@ -16,6 +16,7 @@ from torch import Tensor
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset, split_mask
 from lightning_mqgnn.graph.download import check_download
+from lightning_mqgnn.graph.registry import data_root
 from lightning_mqgnn.graph.validate import converted_dataset
 
 # name -> (dgl.data class, metric). Only datasets with a single graph and train/val/test masks.
@@ -103,7 +104,7 @@ def from_dgl(
 
 def load_dgl_builtin(name: str, raw_dir: str | None = None, download: bool = True) -> GraphDataset:
     """One of DGL's built-in datasets (``DGL_BUILTINS``), downloaded into ``raw_dir`` by DGL the
-    first time (``raw_dir=None``: DGL's default, ``~/.dgl``) unless ``download`` is False or DGL's
+    first time (``raw_dir=None``: ``<data root>/dgl``, see ``graph.registry``) unless ``download`` is False or DGL's
     server cannot be reached; both of those end in a ``FileNotFoundError`` saying where the files go."""
     key = name.lower()
     if key not in DGL_BUILTINS:
@@ -118,6 +119,7 @@ def load_dgl_builtin(name: str, raw_dir: str | None = None, download: bool = Tru
             check_download(key, self.url, Path(self.raw_path), download, manual)
             super().download()
 
+    raw_dir = str(raw_dir) if raw_dir is not None else str(data_root() / "dgl")
     data = GuardedDownload(raw_dir=raw_dir, verbose=False)
     num_classes = getattr(data, "num_classes", None)
     return from_dgl(data[0], name=key, metric=metric, num_classes=num_classes)

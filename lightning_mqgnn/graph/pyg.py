@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_mqgnn.graph.arrays import SPLITS, edge_pairs, label_tensor, split_ids
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset, split_mask
+from lightning_mqgnn.graph.registry import data_root
 from lightning_mqgnn.graph.validate import converted_dataset
-
-SPLITS = ("train", "val", "test")
 
 
 def import_pyg() -> Any:
@@ -39,56 +39,13 @@ def _field(data: Any, key: str) -> Any:
     return getattr(data, key, None)
 
 
-def _edges(who: str, edge_index: Any, num_nodes: int) -> tuple[Tensor, Tensor]:
-    """``edge_index`` as (source, target): int ``[2, E]`` with ids in ``[0, N)``."""
-    if not isinstance(edge_index, Tensor):
-        raise ValueError(f"{who}: field 'edge_index' must be a torch.Tensor, got {type(edge_index).__name__}")
-    if edge_index.is_floating_point() or edge_index.is_complex() or edge_index.dtype == torch.bool:
-        raise ValueError(f"{who}: field 'edge_index' must hold integers, got dtype {edge_index.dtype}")
-    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-        raise ValueError(f"{who}: field 'edge_index' has shape {tuple(edge_index.shape)}, expected [2, E]")
-    edge_index = edge_index.to(torch.int64).cpu()
-    if edge_index.numel():
-        out = torch.nonzero((edge_index < 0) | (edge_index >= num_nodes))
-        if out.numel():
-            r, e = int(out[0, 0]), int(out[0, 1])
-            raise ValueError(
-                f"{who}: field 'edge_index' has node id {int(edge_index[r, e])} outside [0, {num_nodes}) "
-                f"(edge {e}, row {r})"
-            )
-    return edge_index[0], edge_index[1]
-
-
-def _split_ids(who: str, key: str, value: Any, num_nodes: int) -> Tensor:
-    """A boolean (or 0/1) mask of length N, or a 1-D tensor of node ids, as int64 ids."""
-    if not isinstance(value, Tensor):
-        raise ValueError(f"{who}: field '{key}' must be a torch.Tensor, got {type(value).__name__}")
-    if value.dim() != 1:
-        raise ValueError(
-            f"{who}: field '{key}' has shape {tuple(value.shape)}, expected 1-D (several split columns: "
-            "pick one and pass it in splits=)"
-        )
-    value = value.cpu()
-    if key.endswith("_mask"):
-        if value.numel() != num_nodes:
-            raise ValueError(f"{who}: field '{key}' has {value.numel()} entries, expected {num_nodes}")
-        if value.dtype != torch.bool:
-            bad = value[(value != 0) & (value != 1)]
-            if bad.numel():
-                raise ValueError(f"{who}: field '{key}' is not a 0/1 mask: has value {bad[0].item()}")
-        return torch.nonzero(value.bool()).reshape(-1)
-    if value.dtype.is_floating_point or value.dtype == torch.bool:
-        raise ValueError(f"{who}: field '{key}' must hold integer node ids, got dtype {value.dtype}")
-    return value.to(torch.int64)
-
-
 def _splits(who: str, data: Any, splits: Mapping[str, Tensor] | None, num_nodes: int) -> list[Tensor]:
     if splits is not None:
         unknown = sorted(set(splits) - set(SPLITS))
         missing = [s for s in SPLITS if s not in splits]
         if unknown or missing:
             raise ValueError(f"{who}: splits= needs keys {list(SPLITS)}, got {sorted(splits)}")
-        return [_split_ids(who, f"{s}_idx", splits[s], num_nodes) for s in SPLITS]
+        return [split_ids(who, f"{s}_idx", splits[s], num_nodes) for s in SPLITS]
     out = []
     for s in SPLITS:
         key = next((k for k in (f"{s}_mask", f"{s}_idx") if _field(data, k) is not None), None)
@@ -97,21 +54,8 @@ def _splits(who: str, data: Any, splits: Mapping[str, Tensor] | None, num_nodes:
                 f"{who}: field '{s}_mask' (or '{s}_idx') is missing; pass splits={{'train': ..., 'val': ..., "
                 "'test': ...}} for a graph without a split"
             )
-        out.append(_split_ids(who, key, _field(data, key), num_nodes))
+        out.append(split_ids(who, key, _field(data, key), num_nodes))
     return out
-
-
-def _labels(who: str, y: Any) -> Tensor:
-    if not isinstance(y, Tensor):
-        raise ValueError(f"{who}: field 'y' must be a torch.Tensor, got {type(y).__name__}")
-    y = y.cpu()
-    if y.dim() == 2 and y.shape[1] == 1 and not y.is_floating_point():
-        y = y.reshape(-1)  # [N, 1] class ids (OGB's layout)
-    if y.dim() == 1 and not y.is_floating_point():
-        return y.to(torch.int64)
-    if y.dim() == 2:
-        return y.to(torch.float32)  # multi-label 0/1, checked by validate_dataset
-    return y  # validate_dataset names what is wrong with it
 
 
 def from_pyg(
@@ -148,12 +92,12 @@ def from_pyg(
         raise ValueError(f"{who}: field 'x' has {num_nodes} rows but the graph has num_nodes={int(declared)}")
     if num_nodes < 1:
         raise ValueError(f"{who}: field 'x' has no rows (an empty graph)")
-    src, dst = _edges(who, _field(data, "edge_index"), num_nodes)
+    src, dst = edge_pairs(who, _field(data, "edge_index"), num_nodes)
     graph = CSRGraph.from_edges(src, dst, num_nodes, symmetrize=make_undirected)
     features = x.detach().cpu()
     if not features.is_complex():  # validate_dataset rejects what cannot be float32
         features = features.to(torch.float32)
-    labels = _labels(who, _field(data, "y"))
+    labels = label_tensor(who, _field(data, "y"))
     train_idx, val_idx, test_idx = _splits(who, data, splits, num_nodes)
     splits_idx = (train_idx, val_idx, test_idx)
     return converted_dataset(
@@ -198,7 +142,7 @@ def _resolve_class(dataset: str | type) -> type:
 
 def load_pyg_dataset(
     dataset: str | type,
-    root: str | Path,
+    root: str | Path | None = None,
     name: str | None = None,
     kwargs: Mapping[str, Any] | None = None,
     index: int = 0,
@@ -209,14 +153,15 @@ def load_pyg_dataset(
     """Graph ``index`` of a PyG dataset class (e.g. ``torch_geometric.datasets.Planetoid`` with
     ``kwargs={"name": "Cora"}``), converted by ``from_pyg``.
 
-    PyG downloads into ``root`` when the files are missing; when that fails (no network) this
-    raises a one-line ``FileNotFoundError`` saying where the files are expected.
+    PyG downloads into ``root`` (default ``<data root>/pyg``, see ``graph.registry``) when the
+    files are missing; when that fails (no network) this raises a one-line ``FileNotFoundError``
+    saying where the files are expected.
     """
     import_pyg()
     cls = _resolve_class(dataset)
     kwargs = dict(kwargs or {})
     label = f"{cls.__name__}(name={kwargs['name']!r})" if "name" in kwargs else cls.__name__
-    root = Path(root)
+    root = Path(root) if root is not None else data_root() / "pyg"
     try:
         pyg_dataset = cls(root=str(root), **kwargs)
     except OSError as err:  # URLError, aiohttp's connection errors and socket errors are OSErrors

@@ -63,9 +63,6 @@ from lightning_mqgnn.sampling.gns import GNSSampler
 from lightning_mqgnn.sampling.ladies import LADIESSampler
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
-DATA_DIR = Path(
-    os.environ.get("MQGNN_SHARED_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data")
-)
 CONFIGS = {  # fan-outs input layer first: SALIENT's 15,10,5 are listed from the output layer
     "salient": dict(fanouts=[5, 10, 15], num_layers=3, batch_size=1024, hidden=256),
     "paper": dict(fanouts=[5, 5], num_layers=2, batch_size=1024, hidden=256),
@@ -338,13 +335,12 @@ def accuracy_datasets(args) -> dict[str, GraphDataset]:
         if name == "products_like":
             out[name] = generate_graph("products", scale=args.accuracy_scale, seed=0)
         else:
-            path = DATA_DIR / f"{name}.npz"
-            if not path.exists():
-                print(f"note: {path} not found, {name} skipped")
-                continue
-            from lightning_mqgnn.graph.npz import load_npz
+            from lightning_mqgnn.graph.registry import load_dataset
 
-            out[name] = load_npz(path, name=name)
+            try:
+                out[name] = load_dataset(name)
+            except FileNotFoundError as err:
+                print(f"note: {name} skipped ({err})")
     return out
 
 

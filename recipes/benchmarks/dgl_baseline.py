@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -26,12 +25,10 @@ from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.dgl_graph import import_dgl, to_dgl
 from lightning_mqgnn.graph.generated import generate_graph
 from lightning_mqgnn.graph.npz import load_npz
+from lightning_mqgnn.graph.registry import dataset_file
 from lightning_mqgnn.models.metrics import make_metric, metric_input, node_loss
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_DATA = Path(
-    os.environ.get("MQGNN_SHARED_DATA", REPO.parent / "shared" / "data")
-)  # as conf/config.yaml
 TRIM = 20  # the paper drops the first and last 20 batch timings
 
 
@@ -184,7 +181,7 @@ def load_dataset(spec: str, scale: float = 1.0, seed: int = 0) -> GraphDataset:
         return load_data_config(spec)
     path = Path(spec)
     if path.suffix != ".npz":
-        path = SHARED_DATA / f"{spec}.npz"
+        path = dataset_file(spec)  # a registered dataset: the mirror, the cache or a download
     return load_npz(path)
 
 

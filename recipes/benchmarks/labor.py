@@ -46,7 +46,7 @@ def sampler_config(model: str, extra: list[str]):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    overrides = [f"model={model}", "paths.repo=.", "paths.shared_data=."]
+    overrides = [f"model={model}"]
     overrides += [o for o in extra if o.startswith("model.")]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)

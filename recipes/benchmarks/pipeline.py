@@ -28,7 +28,6 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
@@ -40,8 +39,6 @@ from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models import NodeClassifier
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
-
-DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 class PeakMemory:
@@ -201,14 +198,11 @@ def print_speed(rows: list[dict], workers: int) -> None:
 
 
 def load_shared(name: str) -> GraphDataset:
-    """An npz graph of the data directory (MQGNN_SHARED_DATA) through the project's npz loader
-    (bag-of-words rows normalised)."""
-    from lightning_mqgnn.graph.npz import load_npz
+    """A registered dataset (graph/registry.py: the mirror, the cache, or a download) through the
+    project's npz loader (bag-of-words rows normalised)."""
+    from lightning_mqgnn.graph.registry import load_dataset
 
-    path = DATA_DIR / f"{name}.npz"
-    if not path.exists():
-        raise ValueError(f"dataset {name!r}: file {path} not found")
-    return load_npz(path, name=name)
+    return load_dataset(name)
 
 
 def run_parity(args: argparse.Namespace) -> list[dict]:

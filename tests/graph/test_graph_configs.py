@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from helpers.graphs import SHARED_DATA
 from helpers.paths import CONF
@@ -25,9 +23,8 @@ NPZ = [
 ]
 
 
-def _data_cfg(name: str, **paths):
-    cfg = OmegaConf.create({"paths": paths, "data": OmegaConf.load(CONF / f"{name}.yaml")})
-    return cfg.data
+def _data_cfg(name: str):
+    return OmegaConf.load(CONF / f"{name}.yaml")
 
 
 @pytest.mark.parametrize("name", ["generated", "arxiv_like", "products_like", "reddit_like", "proteins_like"])
@@ -62,24 +59,69 @@ def test_default_generated_config_is_arxiv_tenth():
     assert (cfg.preset, cfg.scale) == ("arxiv", 0.1)
 
 
-@pytest.mark.parametrize("name", NPZ)
-def test_npz_configs_point_at_shared_files(name):
-    cfg = _data_cfg(name, shared_data=str(SHARED_DATA))
-    assert cfg._target_ == "lightning_mqgnn.graph.npz.load_npz"
-    assert Path(cfg.path) == SHARED_DATA / f"{name}.npz"
+@pytest.mark.parametrize("name", [*NPZ, "pubmed", "arxiv", "products", "proteins"])
+def test_named_dataset_configs_go_through_the_registry(name):
+    from lightning_mqgnn.graph.registry import DATASETS
+
+    cfg = _data_cfg(name)
+    assert cfg._target_ == "lightning_mqgnn.graph.registry.load_dataset"
+    assert cfg.name == name and name in DATASETS
+    assert cfg.download is True  # a user with a network gets the data
+
+
+def test_every_registered_dataset_has_a_config_and_no_config_points_outside_the_project():
+    from lightning_mqgnn.graph.registry import DATASETS
+
+    assert all((CONF / f"{name}.yaml").is_file() for name in DATASETS)
+    for path in CONF.glob("*.yaml"):
+        text = path.read_text()
+        assert "shared" not in text and "paths." not in text, path
 
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"shared datasets not found at {SHARED_DATA}")
-def test_npz_config_instantiates():
-    ds = instantiate(_data_cfg("citeseer", shared_data=str(SHARED_DATA)))
+def test_npz_config_instantiates_from_the_mirror(monkeypatch, tmp_path):
+    monkeypatch.setenv("MQGNN_DATA_MIRROR", str(SHARED_DATA))
+    monkeypatch.setenv("MQGNN_DATA_ROOT", str(tmp_path / "empty"))
+    ds = instantiate(_data_cfg("citeseer"))
     assert ds.name == "citeseer" and ds.num_features == 1024
+    assert not (tmp_path / "empty").exists()  # read from the mirror, nothing cached
 
 
 @pytest.mark.parametrize("name", ["arxiv", "products", "proteins"])
-def test_ogb_configs_fail_clearly_without_files(name, tmp_path):
-    cfg = _data_cfg(name, ogb_root=str(tmp_path))
-    assert cfg._target_ == "lightning_mqgnn.graph.ogb.load_ogb" and cfg.name == f"ogbn-{name}"
-    assert cfg.download is True  # a user with a network gets the data
+def test_ogb_configs_fail_clearly_without_files(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("MQGNN_DATA_ROOT", str(tmp_path))
+    cfg = _data_cfg(name)
     cfg.download = False
-    with pytest.raises(Exception, match=r"not found under .* downloads are off \(download=false\)"):
+    with pytest.raises(Exception, match=rf"not found under {tmp_path}/ogb/ogbn_{name} and downloads are off"):
         instantiate(cfg)
+
+
+def test_arxiv_config_downloads_through_ogbs_downloader(tmp_path, monkeypatch):
+    """data=arxiv up to the network: the config, the registry and OGB's downloader against a local
+    server holding a zip in OGB's published layout."""
+    import dataclasses
+    import functools
+    import http.server
+    import shutil
+    import threading
+
+    from test_graph_ogb import write_tiny_arxiv
+
+    from lightning_mqgnn.graph.ogb import OGB_DATASETS
+
+    served = tmp_path / "served"
+    write_tiny_arxiv(served / "build")
+    (served / "build" / "ogbn_arxiv").rename(served / "build" / "arxiv")
+    shutil.make_archive(str(served / "arxiv"), "zip", served / "build", "arxiv")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    monkeypatch.setenv("MQGNN_DATA_ROOT", str(tmp_path / "root"))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_port}/arxiv.zip"
+        monkeypatch.setitem(
+            OGB_DATASETS, "ogbn-arxiv", dataclasses.replace(OGB_DATASETS["ogbn-arxiv"], url=url)
+        )
+        ds = instantiate(_data_cfg("arxiv"))
+        server.shutdown()
+    assert ds.name == "ogbn-arxiv" and ds.num_nodes == 50
+    assert (tmp_path / "root" / "ogb" / "ogbn_arxiv" / "raw" / "edge.csv.gz").is_file()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -10,9 +11,15 @@ from helpers.paths import REPO
 TRAIN = [sys.executable, str(REPO / "recipes" / "train.py")]
 
 
-def run_recipe(out_dir, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_recipe(
+    out_dir, *overrides: str, timeout: int = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """The recipe with ``overrides``; ``env`` adds to (or, with an empty value, removes from) this
+    process's environment."""
     cmd = [*TRAIN, *overrides, "trainer.enable_progress_bar=false", f"hydra.run.dir={out_dir}"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    environ = {**os.environ, **(env or {})}
+    environ = {k: v for k, v in environ.items() if v != ""}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ)
 
 
 def result_fields(stdout: str) -> dict[str, str]:

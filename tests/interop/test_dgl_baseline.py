@@ -33,7 +33,7 @@ def test_load_dataset_resolves_shared_names(shared_data):
     assert (ds.name, ds.num_nodes, ds.num_classes, ds.metric) == ("cora", 2708, 7, "accuracy")
     wide = recipe.load_dataset("citeseer")  # through conf/data/citeseer.yaml, as the recipe loads it
     assert wide.num_features == 1024
-    with pytest.raises(FileNotFoundError, match=r"dataset file not found: .*nope\.npz"):
+    with pytest.raises(ValueError, match=r"unknown dataset 'nope' \(known: amazon_computers, "):
         recipe.load_dataset("nope")
 
 

@@ -255,16 +255,15 @@ def test_download_failure_is_one_clear_line(tmp_path, monkeypatch):
 
 def test_pyg_cora_config_fails_clearly_offline(tmp_path, monkeypatch):
     _offline(monkeypatch)
-    monkeypatch.setenv("MQGNN_PYG_ROOT", str(tmp_path))
-    cfg = OmegaConf.create(
-        {"paths": {"repo": "/nonexistent"}, "data": OmegaConf.load(CONF / "pyg_cora.yaml")}
-    )
-    assert cfg.data._target_ == "lightning_mqgnn.graph.pyg.load_pyg_dataset"
+    monkeypatch.setenv("MQGNN_DATA_ROOT", str(tmp_path))
+    cfg = OmegaConf.load(CONF / "pyg_cora.yaml")
+    assert cfg._target_ == "lightning_mqgnn.graph.pyg.load_pyg_dataset"
     with pytest.raises(Exception) as err:  # Hydra wraps it; the recipe prints the cause's first line
-        instantiate(cfg.data)
+        instantiate(cfg)
     cause = err.value.__cause__ or err.value
     assert isinstance(cause, FileNotFoundError)
-    assert "Planetoid(name='Cora'): files not found under" in str(cause) and "download failed" in str(cause)
+    assert f"Planetoid(name='Cora'): files not found under {tmp_path / 'pyg'}" in str(cause)
+    assert "download failed" in str(cause)
 
 
 def test_unknown_dataset_class_is_named(tmp_path):

@@ -6,7 +6,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-from helpers.paths import REPO
+from helpers.paths import REPO, SHARED_DATA
 
 from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.graph.csr import CSRGraph
@@ -17,10 +17,10 @@ from lightning_mqgnn.sampling.feature_cache import GNSCache
 from lightning_mqgnn.sampling.gns import GNSSampler
 from lightning_mqgnn.sampling.ladies import LADIESSampler
 
-CORA = REPO.parent / "shared" / "data" / "cora.npz"
+CORA = SHARED_DATA / "cora.npz"
 VARIANTS = ["fastgcn", "fastgcn_f", "fastgcn_d", "fastgcn_fd", "ladies", "ladies_f", "ladies_d", "ladies_fd"]
 
-pytestmark = pytest.mark.skipif(not CORA.exists(), reason="needs ../shared/data/cora.npz (offline copy)")
+pytestmark = pytest.mark.skipif(not CORA.exists(), reason=f"needs {CORA} (the offline copy)")
 
 
 def load_cora() -> GraphDataset:

@@ -380,9 +380,7 @@ def test_labor_model_configs_build_their_sampler(model, aggregation, rounds, nor
 
     conf = CONF
     with initialize_config_dir(str(conf), version_base="1.3"):
-        cfg = compose(
-            config_name="config", overrides=[f"model={model}", "paths.repo=.", "paths.shared_data=."]
-        )
+        cfg = compose(config_name="config", overrides=[f"model={model}"])
     sampler = instantiate(cfg.model.sampler)(graph=random_graph(isolate_last=True))
     module = instantiate(cfg.model.module)(in_dim=8, num_classes=3)
     assert isinstance(sampler, LaborSampler) and cfg.model.name == model

@@ -136,9 +136,7 @@ def test_gcn_model_configs_choose_their_normalization(model, normalization):
 
     conf = CONF
     with initialize_config_dir(str(conf), version_base="1.3"):
-        cfg = compose(
-            config_name="config", overrides=[f"model={model}", "paths.repo=.", "paths.shared_data=."]
-        )
+        cfg = compose(config_name="config", overrides=[f"model={model}"])
     sampler = instantiate(cfg.model.sampler)(graph=random_graph(isolate_last=True))
     assert (cfg.model.name, sampler.aggregation, sampler.normalization) == (model, "gcn", normalization)
 
