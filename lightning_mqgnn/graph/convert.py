@@ -28,27 +28,35 @@ from typing import Any, BinaryIO
 import numpy as np
 import scipy.sparse as sp
 
-# the globals the published pickles reference, and nothing else
+# the globals besides numpy's and scipy.sparse's classes that the published pickles reference
 _PICKLE_GLOBALS = {
-    ("collections", "defaultdict"): collections.defaultdict,
-    ("builtins", "list"): list,
-    ("__builtin__", "list"): list,
-    ("copy_reg", "_reconstructor"): None,
-    ("copyreg", "_reconstructor"): None,
-    ("__builtin__", "object"): object,
-    ("builtins", "object"): object,
+    ("collections", "defaultdict"),
+    ("builtins", "list"),
+    ("__builtin__", "list"),
+    ("builtins", "object"),
+    ("__builtin__", "object"),
+    ("copyreg", "_reconstructor"),
+    ("copy_reg", "_reconstructor"),
+    ("_codecs", "encode"),  # how Python 3 writes bytes into a protocol 2 pickle
 }
+_NUMPY_FUNCTIONS = ("_reconstruct", "scalar", "_frombuffer")
 
 
 class _DataUnpickler(pickle.Unpickler):
-    """Finds only numpy and scipy.sparse classes and a few builtins; anything else is refused."""
+    """Finds only numpy arrays, dtypes and scalars, scipy sparse matrices and a few builtins;
+    anything else (a function that opens files or runs commands) is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _PICKLE_GLOBALS:
             return super().find_class(module, name)
-        if module.split(".")[0] == "numpy" or module.startswith("scipy.sparse"):
+        if module.split(".")[0] == "numpy":
             found = super().find_class(module, name)
-            if isinstance(found, type) or name in ("_reconstruct", "scalar", "_frombuffer"):
+            data_type = isinstance(found, type) and issubclass(found, (np.ndarray, np.dtype, np.generic))
+            if (data_type and found is not np.memmap) or name in _NUMPY_FUNCTIONS:
+                return found
+        if module.startswith("scipy.sparse"):
+            found = super().find_class(module, name)
+            if isinstance(found, type) and issubclass(found, (sp.spmatrix, sp.sparray)):
                 return found
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a data file")
 

@@ -290,10 +290,18 @@ def git_blob_id(path: Path) -> str:
 
 
 def _reason(err: BaseException) -> str:
-    """The first line of the innermost cause: 'Connection refused', '404 Client Error: ...'."""
-    while err.__context__ is not None and not str(err):
-        err = err.__context__
+    """The innermost cause in one line: "Failed to resolve 'github.com' (...)", "404 Client Error:
+    Not Found for url: ...", "Connection refused"."""
+    while True:  # requests wraps urllib3's MaxRetryError, which holds the cause as .reason
+        inner = getattr(err, "reason", None)
+        if not isinstance(inner, BaseException) and err.args and isinstance(err.args[0], BaseException):
+            inner = err.args[0]
+        if not isinstance(inner, BaseException) or inner is err:
+            break
+        err = inner
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if "Connection(host=" in text and "): " in text:  # urllib3 names its connection object first
+        text = text.split("): ", 1)[1]
     return text[:300]
 
 
