@@ -19,7 +19,6 @@ also checks every file's sha256 before it gets here).
 
 from __future__ import annotations
 
-import collections
 import pickle
 import zipfile
 from pathlib import Path
