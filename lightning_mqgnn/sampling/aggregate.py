@@ -14,7 +14,6 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from lightning_mqgnn.sampling import cpu_kernels
 from lightning_mqgnn.sampling.radix_sort import stable_argsort
 
 Transpose = tuple[Tensor, Tensor, Tensor]  # CSC of A: (src_indptr, src_rows, src_weights)
@@ -63,6 +62,11 @@ def transpose_of(indptr: Tensor, indices: Tensor, weights: Tensor, num_src: int)
     their row order), each with its destination row and weight, and where each source's edges
     start. On the CPU a compiled counting sort (``cpu_kernels.transpose``), the same order."""
     if not indices.is_cuda and weights.dtype == torch.float32:
+        # imported at first use: the package's own import reaches this module, and numba with
+        # its kernels takes a second to load, which importing the strategy should not pay (the
+        # samplers import the kernels, so a training step finds them loaded)
+        from lightning_mqgnn.sampling import cpu_kernels
+
         return cpu_kernels.transpose(indptr, indices, weights, num_src)
     counts = indptr[1:] - indptr[:-1]
     dst = torch.repeat_interleave(

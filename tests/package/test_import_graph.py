@@ -1,4 +1,5 @@
-"""``lightning_mqgnn`` has no import cycle, and its loaders do not depend on Lightning.
+"""``lightning_mqgnn`` has no import cycle, its loaders do not depend on Lightning, and importing
+the package or its strategy loads none of the numba kernels.
 
 Every import statement counts, at module level and inside functions alike (a function-level
 import only delays a cycle to the first call; it does not remove the dependency), as do imports
@@ -10,6 +11,8 @@ the way are not edges (a package's ``__init__`` re-exporting its own modules is 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from helpers.paths import REPO
@@ -123,3 +126,48 @@ def test_loaders_do_not_depend_on_lightning_or_the_datamodule():
         assert f"{PACKAGE}.data" not in used
         lightning_users = sorted(m for m in used if "lightning" in external[m])
         assert lightning_users == [], f"{loader} reaches Lightning through {lightning_users}"
+
+
+# modules that import numba and compile or load kernels when imported
+KERNEL_MODULES = (
+    f"{PACKAGE}.sampling.cpu_kernels",
+    f"{PACKAGE}.models.dropout",
+    f"{PACKAGE}.models.omp_blocks",
+    f"{PACKAGE}.models.activated_aggregation",
+)
+
+
+def loaded_after(code: str) -> list[str]:
+    """numba's and the kernel modules that ``code`` leaves imported in a fresh interpreter."""
+    report = "import sys; print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'numba' or m in KERNELS)))"
+    script = f"KERNELS = {KERNEL_MODULES!r}\n{code}\n{report}"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.split()
+
+
+def test_kernel_modules_are_those_that_import_numba():
+    _, external = import_graph()
+    assert sorted(m for m, packages in external.items() if "numba" in packages) == sorted(KERNEL_MODULES)
+
+
+def test_importing_the_strategy_or_the_package_loads_no_kernels():
+    """numba and its compiled kernels load with the first sampler or model, not with the strategy
+    (a second of a strategy user's start-up)."""
+    for code in ("import lightning_mqgnn.strategy", "import lightning_mqgnn"):
+        assert loaded_after(code) == [], code
+
+
+def test_a_cpu_transpose_loads_its_kernel_at_first_use():
+    """``aggregate.transpose_of`` imports its kernel when first called on the CPU, and gives the
+    order of the sort it replaces."""
+    code = """
+import torch
+from lightning_mqgnn.sampling.aggregate import transpose_of
+indptr, indices = torch.tensor([0, 2, 3, 5]), torch.tensor([1, 0, 1, 2, 1])
+weights = torch.arange(5, dtype=torch.float32)
+kernel = transpose_of(indptr, indices, weights, 3)
+sorted_ = transpose_of(indptr, indices, weights.double(), 3)  # float64: the torch path
+assert all(torch.equal(a, b.to(a.dtype)) for a, b in zip(kernel, sorted_)), (kernel, sorted_)
+"""
+    assert f"{PACKAGE}.sampling.cpu_kernels" in loaded_after(code)
