@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import gc
 import inspect
+import logging
 import math
+import os
+import re
 import sys
+import warnings
 from pathlib import Path
 
 import hydra
@@ -23,6 +27,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from typing_extensions import override
 
 from lightning_mqgnn.callbacks import (
     BatchEarlyStopping,
@@ -44,6 +49,43 @@ class RecipeError(Exception):
     """A problem with the user's input, reported as one line."""
 
 
+class _WithoutTips(logging.Filter):
+    """Drops Lightning's "💡 Tip:" lines, which advertise its cloud services."""
+
+    @override
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("💡 Tip:")
+
+
+_WITHOUT_TIPS = _WithoutTips()
+
+
+def quiet_lightning() -> None:
+    """Silence what Lightning prints that is not the user's to act on, each by its own message,
+    class and origin: its tips advertising its cloud services, and the deprecation warning that
+    its own use of torch's ``LeafSpec`` raises under torch 2.13 on every fit. A warning of any
+    other text or origin, the user's own among them, still shows."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_WITHOUT_TIPS)
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning,
+        module=r"lightning\.pytorch\.utilities\._pytree\Z",
+    )
+
+
+def quiet_resumed_checkpoint_dir(checkpoint_dir: Path) -> None:
+    """A resumed run writes its checkpoints into the folder it wrote them to before, by design:
+    Lightning's warning that this folder is not empty is not the user's to act on."""
+    warnings.filterwarnings(
+        "ignore",
+        message=re.escape(f"Checkpoint directory {os.path.realpath(checkpoint_dir)} exists and is not empty.")
+        + r"\Z",
+        category=UserWarning,
+        module=r"lightning\.pytorch\.callbacks\.model_checkpoint\Z",
+    )
+
+
 def check_config_names(argv: list[str]) -> None:
     """Reject ``group=name`` overrides whose config file does not exist, before Hydra prints
     several lines about it."""
@@ -62,15 +104,24 @@ def validation_schedule(val_every: int, batches_per_epoch: int) -> dict:
     (then every few epochs); 0 means once per epoch. Not a function of the run's length: a run
     resumed with a later end must validate where it did (Lightning resumes an epoch-end checkpoint
     wrongly under another schedule: it trains one batch more). A run that ends before its first
-    validation is scored on its last weights (``train``)."""
+    validation is scored on its last weights (``train``). At epoch ends: Lightning's default
+    interval (None), which, unlike an explicit 1.0, it does not announce on every fit."""
     if val_every <= 0:
-        return {"val_check_interval": 1.0, "check_val_every_n_epoch": 1}
+        return {"val_check_interval": None, "check_val_every_n_epoch": 1}
     if val_every <= batches_per_epoch:
         return {"val_check_interval": val_every, "check_val_every_n_epoch": 1}
-    return {"val_check_interval": 1.0, "check_val_every_n_epoch": math.ceil(val_every / batches_per_epoch)}
+    return {"val_check_interval": None, "check_val_every_n_epoch": math.ceil(val_every / batches_per_epoch)}
+
+
+def logging_interval(cfg: DictConfig, batches_per_epoch: int) -> int:
+    """``Trainer(log_every_n_steps)``: ``trainer.log_every_n_steps``, else Lightning's 50, or an
+    epoch's batches when it has fewer (with a longer interval Lightning warns on every fit)."""
+    configured = cfg.trainer.get("log_every_n_steps")
+    return int(configured) if configured is not None else min(50, batches_per_epoch)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
+    quiet_lightning()
     pl.seed_everything(cfg.seed, workers=True)
     dataset = instantiate(cfg.data)
     print(dataset.summary(), flush=True)
@@ -111,6 +162,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             )
         steps_per_epoch = math.ceil(batches / int(cfg.trainer.get("accumulate_grad_batches") or 1))
         resume = checked_resume_checkpoint(cfg, dict(module.hparams), steps_per_epoch)
+        quiet_resumed_checkpoint_dir(resume.parent)
     # a resumed run goes on writing checkpoints where it wrote them before, so ModelCheckpoint keeps
     # its best score and file
     checkpoint_dir = (
@@ -120,12 +172,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
     )
     # only an epoch-bounded run writes one (LastCheckpoint): trainer.max_steps bounds the others by steps
     last_checkpoint = not full_graph and cfg.last_checkpoint_every_s is not None and epoch_bounded(cfg)
-    callbacks = recipe_callbacks(cfg, strategy, checkpoint_dir, last_checkpoint)
+    log_every = logging_interval(cfg, batches)
+    callbacks = recipe_callbacks(cfg, strategy, checkpoint_dir, last_checkpoint, log_every)
     timer, gpu_busy, checkpoint, memory = callbacks[:4]
     trainer = instantiate(
         cfg.trainer,
         callbacks=callbacks,
         strategy=strategy,
+        log_every_n_steps=log_every,
         **run_length(cfg, batches),
         **validation_schedule(cfg.val_every_batches, batches),
     )
@@ -294,12 +348,16 @@ def sampled_datamodule(cfg: DictConfig, loader, dataset, module) -> pl.Lightning
 
 
 def recipe_callbacks(
-    cfg: DictConfig, strategy, checkpoint_dir: Path | None = None, last_checkpoint: bool = False
+    cfg: DictConfig,
+    strategy,
+    checkpoint_dir: Path | None = None,
+    last_checkpoint: bool = False,
+    log_every_n_steps: int = 50,
 ) -> list[pl.Callback]:
     """The recipe's callbacks: batch timer, GPU busy monitor, best-validation checkpoint and peak
     memory first (``train`` reads them), then early stopping, stage timing, the strategy's counters,
     with ``last_checkpoint`` the epoch-end checkpoint to resume from and, with the progress bar on,
-    a bar refreshed once per logging interval. Checkpoints go to ``checkpoint_dir`` (None:
+    a bar refreshed once per logging interval (``log_every_n_steps``). Checkpoints go to ``checkpoint_dir`` (None:
     Lightning's default)."""
     callbacks = [
         BatchTimer(),
@@ -317,7 +375,7 @@ def recipe_callbacks(
             raise ValueError("last_checkpoint needs a checkpoint_dir")
         callbacks.append(LastCheckpoint(checkpoint_dir, every_s=float(cfg.last_checkpoint_every_s)))
     if cfg.trainer.get("enable_progress_bar", True):
-        callbacks.append(TQDMProgressBar(refresh_rate=int(cfg.trainer.get("log_every_n_steps") or 50)))
+        callbacks.append(TQDMProgressBar(refresh_rate=log_every_n_steps))
     return callbacks
 
 

@@ -109,7 +109,9 @@ class LastCheckpoint(Checkpoint):
         partial = self.path.with_name(self.path.name + ".partial")
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
-        trainer.save_checkpoint(partial)  # ends with a barrier: rank 0 has written the file
+        # the whole state, optimiser and loops included, to resume from; ends with a barrier:
+        # rank 0 has written the file
+        trainer.save_checkpoint(partial, weights_only=False)
         if trainer.is_global_zero:
             os.replace(partial, self.path)
         self._last_write = time.monotonic()

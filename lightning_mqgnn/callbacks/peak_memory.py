@@ -7,6 +7,8 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from torch import Tensor
+from torch import distributed as dist
 from typing_extensions import override
 
 STATUS = Path("/proc/self/status")
@@ -29,6 +31,17 @@ def reset_peak_rss() -> bool:
     except OSError:
         return False
     return True
+
+
+def gather_ranks(local: Tensor, world_size: int) -> Tensor:
+    """``local`` of every rank, stacked in rank order. ``torch.distributed.all_gather`` rather than
+    ``Strategy.all_gather``, whose gradient-carrying gather (``torch.distributed.nn``) torch 2.13
+    deprecates with a warning on every distributed fit; these figures need no gradient."""
+    if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return local.unsqueeze(0)
+    parts = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(parts, local)
+    return torch.stack(parts)
 
 
 class PeakMemoryMonitor(pl.Callback):
@@ -65,7 +78,7 @@ class PeakMemoryMonitor(pl.Callback):
             dtype=torch.float64,
             device=pl_module.device,
         )
-        gathered = trainer.strategy.all_gather(local).reshape(-1, 3).cpu()
+        gathered = gather_ranks(local, trainer.world_size).reshape(-1, 3).cpu()
         self.peak_rss_mb, self.train_rss_mb, cuda_mb = (gathered[:, i].tolist() for i in range(3))
         self.peak_cuda_mb = cuda_mb if cuda else []
 

@@ -135,9 +135,9 @@ class StageTimingCallback(pl.Callback):
         if trainer.logger is not None:
             trainer.logger.log_metrics({f"stage_summary/{k}": v for k, v in self.summary.items()})
         rank_zero_info(
-            "stage times (trimmed mean per batch, ms): "
+            "stage times (trimmed mean per batch): "
             + ", ".join(
-                f"{k}={1e3 * v:.2f}"
+                f"{k.removeprefix('mean_').removesuffix('_s')}_ms={1e3 * v:.2f}"
                 for k, v in self.summary.items()
                 if k.startswith("mean_") and k.endswith("_s")
             )

@@ -3,6 +3,7 @@ inference, and ``NodeClassifier``, the GCN/SAGE stacks of all ten paper variants
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import lightning.pytorch as pl
@@ -21,6 +22,17 @@ from lightning_mqgnn.sampling.batch import Block, MiniBatch
 AGGREGATION_OF_CONV = {"gcn": "gcn", "sage": "mean"}
 # the attribute in which Lightning names the hook it is running (``LightningModule.log`` reads it)
 HOOK_NAME_ATTRIBUTE = "_current_fx_name"
+
+# NodeClassifierBase moves its batches itself (``transfer_batch_to_device``), whether a DataModule
+# or plain loaders feed it (recipes/benchmarks/step.py); fitted with a DataModule, Lightning warns
+# on every fit that the module's hook is the one used, which is as intended
+warnings.filterwarnings(
+    "ignore",
+    message=r"You have overridden `transfer_batch_to_device` in `LightningModule` but have passed in a"
+    r" `LightningDataModule`\. It will use the implementation from `LightningModule` instance\.\Z",
+    category=UserWarning,
+    module=r"lightning\.pytorch\.trainer\.connectors\.data_connector\Z",
+)
 
 
 class NodeClassifierBase(pl.LightningModule):
@@ -155,6 +167,8 @@ class NodeClassifierBase(pl.LightningModule):
 
     @override
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Here, not in ``MQGNNDataModule``: the module's batches come from plain loaders too, and
+        Lightning's default would move a ``FullGraphBatch``'s whole dataset to the device."""
         if isinstance(batch, FullGraphBatch):
             return batch  # inference moves what it needs, one layer at a time
         if isinstance(batch, MiniBatch):

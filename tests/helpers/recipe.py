@@ -22,6 +22,30 @@ def run_recipe(
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ)
 
 
+# what Lightning and torch printed on a plain run of the recipe that was not the user's to act on
+NOT_THE_USERS = (
+    "tensorboardX",  # logger=True without TensorBoard installed
+    "💡 Tip",  # Lightning's advertisements of its cloud services
+    "LeafSpec",  # torch 2.13's deprecation, raised by Lightning's own pytree code
+    "smaller than the logging interval",
+    "transfer_batch_to_device",
+    "weights_only",
+    "exists and is not empty",  # a resumed run writing into its own checkpoint folder
+    "all_gather is deprecated",
+    "val_check_interval=1.0",
+)
+
+
+def assert_quiet(proc: subprocess.CompletedProcess) -> None:
+    """The run printed none of ``NOT_THE_USERS``, and its stage times are named in their unit."""
+    printed = proc.stdout + proc.stderr
+    for fragment in NOT_THE_USERS:
+        assert fragment not in printed, [line for line in printed.splitlines() if fragment in line]
+    stages = [line for line in proc.stderr.splitlines() if line.startswith("stage times")]
+    assert len(stages) == 1, proc.stderr[-3000:]
+    assert "_ms=" in stages[0] and "_s=" not in stages[0], stages[0]
+
+
 def result_fields(stdout: str) -> dict[str, str]:
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
     assert len(lines) == 1, stdout[-2000:]
