@@ -10,9 +10,11 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.graph.fields import SPLITS, as_tensor, edge_pairs, label_tensor, random_split, split_ids
 from lightning_mqgnn.graph.huge_pages import advise_huge_pages
+from lightning_mqgnn.graph.validate import METRICS, validate_dataset
 
-METRICS = ("accuracy", "micro_f1", "rocauc")
+__all__ = ["METRICS", "GraphDataset", "converted_dataset", "split_mask"]
 
 
 @dataclass
@@ -52,23 +54,42 @@ class GraphDataset:
         name: str = "arrays",
         make_undirected: bool = True,
         num_classes: int | None = None,
+        source: str = "",
     ) -> GraphDataset:
-        """Your own graph from tensors or numpy arrays, validated like every loaded dataset: see
-        ``graph.arrays.from_arrays``."""
-        from lightning_mqgnn.graph.arrays import from_arrays
+        """Your own graph from plain arrays (torch tensors or numpy arrays), validated like every
+        loaded dataset.
 
-        return from_arrays(
-            edge_index,
-            features,
-            labels,
-            splits=splits,
-            split_fractions=split_fractions,
-            seed=seed,
-            metric=metric,
-            name=name,
-            make_undirected=make_undirected,
-            num_classes=num_classes,
-        )
+        ``edge_index``: integer ``[2, E]`` (or ``[E, 2]``), edge ``u -> v`` making ``u`` an
+        in-neighbour of ``v``; symmetrised unless ``make_undirected=False``; self loops and
+        duplicates are dropped. ``features``: ``[N, F]`` numbers (float32 in the dataset).
+        ``labels``: ``[N]`` classes, or 0/1 ``[N, T]`` for a multi-label task (then
+        ``metric="rocauc"``). ``splits``: ``{"train": ..., "val": ..., "test": ...}``, each node ids
+        or a boolean mask; without it, a random split with ``split_fractions`` of the nodes, drawn
+        with ``seed``. ``source`` (e.g. the files) is named in error messages beside ``name``.
+        """
+        who = f"{name} ({source})" if source else name
+        features = as_tensor(who, "features", features)
+        if features.dim() != 2:
+            raise ValueError(f"{who}: field 'features' has shape {tuple(features.shape)}, expected [N, F]")
+        num_nodes = int(features.shape[0])
+        if num_nodes < 1:
+            raise ValueError(f"{who}: field 'features' has no rows (an empty graph)")
+        if not features.is_complex():  # validate_dataset rejects what cannot be float32
+            features = features.to(torch.float32)
+        labels = label_tensor(who, labels)
+        if labels.dim() >= 1 and labels.shape[0] != num_nodes:
+            raise ValueError(
+                f"{who}: field 'labels' has {labels.shape[0]} entries, expected {num_nodes} (one per row of 'features')"
+            )
+        src, dst = edge_pairs(who, edge_index, num_nodes)
+        graph = CSRGraph.from_edges(src, dst, num_nodes, symmetrize=make_undirected)
+        if splits is None:
+            split = random_split(num_nodes, split_fractions, seed)
+        else:
+            if sorted(splits) != sorted(SPLITS):
+                raise ValueError(f"{who}: splits needs keys {list(SPLITS)}, got {sorted(splits)}")
+            split = tuple(split_ids(who, f"{s}_idx", splits[s], num_nodes) for s in SPLITS)
+        return converted_dataset(name, graph, features, labels, split, num_classes, metric, source)
 
     @property
     def num_nodes(self) -> int:
@@ -102,3 +123,36 @@ def split_mask(num_nodes: int, idx: Tensor) -> Tensor:
     mask = torch.zeros(num_nodes, dtype=torch.bool)
     mask[idx] = True
     return mask
+
+
+def converted_dataset(
+    name: str,
+    graph: CSRGraph,
+    features: Tensor,
+    labels: Tensor,
+    splits: tuple[Tensor, Tensor, Tensor],
+    num_classes: int | None,
+    metric: str,
+    source: str,
+) -> GraphDataset:
+    """A ``GraphDataset`` from arrays or another library's graph (DGL, PyG), checked like every
+    loaded one.
+    ``num_classes`` defaults to the label width of multi-label ``[N, T]`` labels, else ``max + 1``."""
+    if num_classes is None:
+        if labels.dim() == 2:
+            num_classes = int(labels.shape[1])
+        else:
+            num_classes = int(labels.max()) + 1 if labels.numel() else 0
+    train_idx, val_idx, test_idx = splits
+    ds = GraphDataset(
+        name=name,
+        graph=graph,
+        features=features.contiguous(),
+        labels=labels.contiguous(),
+        train_idx=train_idx,
+        val_idx=val_idx,
+        test_idx=test_idx,
+        num_classes=int(num_classes),
+        metric=metric,
+    )
+    return validate_dataset(ds, source=source)

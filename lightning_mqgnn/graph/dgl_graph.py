@@ -14,10 +14,9 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
-from lightning_mqgnn.graph.dataset import GraphDataset, split_mask
+from lightning_mqgnn.graph.dataset import GraphDataset, converted_dataset, split_mask
 from lightning_mqgnn.graph.download import check_download
 from lightning_mqgnn.graph.registry import data_root
-from lightning_mqgnn.graph.validate import converted_dataset
 
 # name -> (dgl.data class, metric). Only datasets with a single graph and train/val/test masks.
 # Reddit is scored by micro-F1 as in the paper (Table 1); for single-label tasks micro-F1 equals accuracy.

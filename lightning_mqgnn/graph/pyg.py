@@ -15,11 +15,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_mqgnn.graph.arrays import SPLITS, edge_pairs, label_tensor, split_ids
 from lightning_mqgnn.graph.csr import CSRGraph
-from lightning_mqgnn.graph.dataset import GraphDataset, split_mask
+from lightning_mqgnn.graph.dataset import GraphDataset, converted_dataset, split_mask
+from lightning_mqgnn.graph.fields import SPLITS, edge_pairs, label_tensor, split_ids
 from lightning_mqgnn.graph.registry import data_root
-from lightning_mqgnn.graph.validate import converted_dataset
 
 
 def import_pyg() -> Any:

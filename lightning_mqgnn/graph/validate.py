@@ -11,12 +11,31 @@ Directed graphs are allowed; ``describe_graph`` reports whether the graph is sym
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
-from lightning_mqgnn.graph.dataset import METRICS, GraphDataset
+
+METRICS = ("accuracy", "micro_f1", "rocauc")
+
+
+class DatasetFields(Protocol):
+    """What ``validate_dataset`` reads: the fields of a ``GraphDataset``."""
+
+    name: str
+    graph: CSRGraph
+    features: Tensor
+    labels: Tensor
+    train_idx: Tensor
+    val_idx: Tensor
+    test_idx: Tensor
+    num_classes: int
+    metric: str
+
+
+Dataset = TypeVar("Dataset", bound=DatasetFields)
 
 
 @dataclass(frozen=True)
@@ -186,9 +205,7 @@ def check_splits(who: str, splits: dict[str, Tensor], num_nodes: int) -> None:
         owner[idx] = k
 
 
-def validate_dataset(
-    ds: GraphDataset, *, source: str | None = None, require_symmetric: bool = False
-) -> GraphDataset:
+def validate_dataset(ds: Dataset, *, source: str | None = None, require_symmetric: bool = False) -> Dataset:
     """Check every field of ``ds`` (see the module docstring); return ``ds`` unchanged.
 
     ``source`` (e.g. the file path) is added to messages next to the dataset name.
@@ -225,35 +242,3 @@ def describe_graph(graph: CSRGraph) -> GraphReport:
         max_degree=int(deg.max()) if graph.num_nodes else 0,
         mean_degree=graph.num_edges / max(graph.num_nodes, 1),
     )
-
-
-def converted_dataset(
-    name: str,
-    graph: CSRGraph,
-    features: Tensor,
-    labels: Tensor,
-    splits: tuple[Tensor, Tensor, Tensor],
-    num_classes: int | None,
-    metric: str,
-    source: str,
-) -> GraphDataset:
-    """A ``GraphDataset`` from another library's graph (DGL, PyG), checked like every loaded one.
-    ``num_classes`` defaults to the label width of multi-label ``[N, T]`` labels, else ``max + 1``."""
-    if num_classes is None:
-        if labels.dim() == 2:
-            num_classes = int(labels.shape[1])
-        else:
-            num_classes = int(labels.max()) + 1 if labels.numel() else 0
-    train_idx, val_idx, test_idx = splits
-    ds = GraphDataset(
-        name=name,
-        graph=graph,
-        features=features.contiguous(),
-        labels=labels.contiguous(),
-        train_idx=train_idx,
-        val_idx=val_idx,
-        test_idx=test_idx,
-        num_classes=int(num_classes),
-        metric=metric,
-    )
-    return validate_dataset(ds, source=source)
