@@ -13,9 +13,10 @@ Where a dataset comes from, first match wins:
    would take for data; a failure ends in one line naming the dataset, the URL, and the files and
    folder to fill by hand.
 
-The OGB datasets (``arxiv``, ``products``, ``proteins``) are fetched and parsed by OGB's own code
-into ``<data root>/ogb`` (``graph.ogb``): OGB publishes no checksum for its archives, so none is
-checked, and the node count is (by ``validate_dataset`` and OGB's parser).
+The OGB datasets (``arxiv``, ``products``, ``proteins``) are read from the mirror too when it holds
+``<name>.npz``; otherwise OGB's own code fetches and parses them into ``<data root>/ogb``
+(``graph.ogb``). OGB publishes no checksums for its archives, so none is checked there; what OGB
+parses is validated like every dataset.
 """
 
 from __future__ import annotations
@@ -197,6 +198,12 @@ def mirror_dir() -> Path | None:
     return Path(mirror).expanduser() if mirror else None
 
 
+def _mirrored(name: str) -> Path | None:
+    mirror = mirror_dir()
+    path = mirror / f"{name}.npz" if mirror is not None else None
+    return path if path is not None and path.is_file() else None
+
+
 def registered(name: str) -> RegisteredDataset:
     """The registry entry of ``name``; an unknown name raises a ``ValueError`` listing the known."""
     if name not in DATASETS:
@@ -208,13 +215,13 @@ def dataset_file(name: str, download: bool = True) -> Path:
     """The converted ``<name>.npz`` of a registered (non-OGB) dataset: from the mirror, else the
     cache, else downloaded and converted into the cache (see the module docstring)."""
     entry = registered(name)
+    mirrored = _mirrored(name)
+    if mirrored is not None:
+        return mirrored
     if entry.convert is None:
         raise ValueError(
-            f"{name}: an OGB dataset, loaded by load_dataset through OGB's own files, not an npz"
+            f"{name}: an OGB dataset, loaded through OGB's own files, not an npz (unless mirrored)"
         )
-    mirror = mirror_dir()
-    if mirror is not None and (mirror / f"{name}.npz").is_file():
-        return mirror / f"{name}.npz"
     cached = data_root() / f"{name}.npz"
     if cached.is_file():
         return cached
@@ -310,7 +317,7 @@ def load_dataset(name: str, download: bool = True, **options: Any) -> GraphDatas
     ``max_features``, ``normalize_features``) or, for OGB datasets, ``load_ogb``
     (``make_undirected``)."""
     entry = registered(name)
-    if entry.ogb_name is not None:
+    if entry.ogb_name is not None and _mirrored(name) is None:
         from lightning_mqgnn.graph.ogb import load_ogb
 
         return load_ogb(entry.ogb_name, root=data_root() / "ogb", download=download, **options)

@@ -276,13 +276,16 @@ def test_mirror_is_read_first_and_never_written(tmp_path, monkeypatch, data_root
     mirror = tmp_path / "mirror"
     mirror.mkdir()
     write_npz(mirror / "cora.npz", **valid_npz_arrays())
+    write_npz(mirror / "arxiv.npz", **valid_npz_arrays(num_nodes=12))
     monkeypatch.setenv(registry.MIRROR_ENV, str(mirror))
     monkeypatch.setitem(
         DATASETS, "cora", dataclasses.replace(DATASETS["cora"], base_url="http://127.0.0.1:9/x")
     )
     ds = load_dataset("cora")
     assert ds.name == "cora" and ds.num_nodes == 10
-    assert sorted(p.name for p in mirror.iterdir()) == ["cora.npz"] and not data_root.exists()
+    ogb = load_dataset("arxiv", download=False)  # an OGB name too: no OGB folder needed
+    assert ogb.name == "arxiv" and ogb.num_nodes == 12
+    assert sorted(p.name for p in mirror.iterdir()) == ["arxiv.npz", "cora.npz"] and not data_root.exists()
 
 
 def test_unknown_name_lists_the_known_ones():
