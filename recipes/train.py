@@ -42,7 +42,6 @@ from lightning_mqgnn.strategy import MQGNNStrategy  # also registers "mqgnn"
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
-OmegaConf.register_new_resolver("repo_root", lambda: str(REPO), replace=True)
 
 
 class RecipeError(Exception):

@@ -188,9 +188,7 @@ def load_dataset(spec: str, scale: float = 1.0, seed: int = 0) -> GraphDataset:
 def load_data_config(name: str) -> GraphDataset:
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
-    OmegaConf.register_new_resolver("repo_root", lambda: str(REPO), replace=True)
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"data={name}"])
     return instantiate(cfg.data)

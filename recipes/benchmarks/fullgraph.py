@@ -46,9 +46,6 @@ def load_dataset(name: str, products_scale: float):
     columns), products_like at ``products_scale``."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    OmegaConf.register_new_resolver("repo_root", lambda: str(REPO), replace=True)
 
     overrides = [f"data={name}"] + ([f"data.scale={products_scale}"] if name == "products_like" else [])
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
