@@ -61,10 +61,9 @@ def test_a_resumed_run_prints_only_what_is_the_users(first_and_resumed):
 
 
 def test_a_warning_of_the_users_code_still_shows(first_and_resumed):
+    shown = re.compile(rf"user_model\.py:\d+: UserWarning: {USER_WARNING}")
     for proc in first_and_resumed:
-        assert re.search(rf"user_model\.py:\d+: UserWarning: {USER_WARNING}", proc.stderr), proc.stderr[
-            -3000:
-        ]
+        assert shown.search(proc.stderr), proc.stderr[-3000:]
 
 
 def test_the_recipes_filters_match_lightnings_lines_only():
