@@ -174,6 +174,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     log_every = logging_interval(cfg, batches)
     callbacks = recipe_callbacks(cfg, strategy, checkpoint_dir, last_checkpoint, log_every)
     timer, gpu_busy, checkpoint, memory = callbacks[:4]
+    stages = next(c for c in callbacks if isinstance(c, StageTimingCallback))
     trainer = instantiate(
         cfg.trainer,
         callbacks=callbacks,
@@ -207,7 +208,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
             f"test={result.get('test', float('nan')):.4f} epochs={trainer.current_epoch} "
             f"batches={result['batches']} batch_time_ms={result['batch_time_ms']:.2f} "
             f"batch_time_std_ms={result['batch_time_std_ms']:.2f} train_time_s={result['train_time_s']:.2f}{busy}"
-            f"{strategy_result_fields(strategy)}{memory.result_fields()}{loader_result_fields(datamodule)}",
+            f"{stages.result_fields()}{strategy_result_fields(strategy)}{memory.result_fields()}"
+            f"{loader_result_fields(datamodule)}",
             flush=True,
         )
     return result

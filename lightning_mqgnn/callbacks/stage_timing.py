@@ -4,7 +4,9 @@ Stages: sampling, gathering, transfer (from ``batch.meta``, measured where they 
 for data (training thread blocked in the loader), forward, backward, optimiser (callback hooks),
 and the queue depths. Batch and epoch times come from ``TrainingClock``, as ``BatchTimer``'s do:
 validation is excluded. The summary uses the paper's batch time: the first and last 20 batches
-are dropped before averaging.
+are dropped before averaging. It also counts each sampled batch's feature traffic
+(``feature_traffic``), so the trade a feature cache makes is visible on every run
+(``result_fields``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,25 @@ from lightning_mqgnn.callbacks.clock import TrainingClock, trimmed_mean
 
 META_STAGES = ("sample_s", "gather_s", "transfer_s", "wait_s")
 META_GAUGES = ("device_queue_depth", "cpu_queue_depth", "queue_size")
+TRAFFIC = ("feature_rows", "feature_bytes")  # per batch: input rows moved to the device, their bytes
 HOOK_STAGES = ("forward_s", "backward_s", "optimizer_s", "batch_s")
+
+
+def feature_traffic(batch: object) -> dict[str, float]:
+    """The input rows a sampled batch moved to the device and their bytes: its gathered feature
+    rows less those a feature cache served, or the rows of its first layer aggregated on the host
+    (``aggregate_inputs``); nothing for other batches (full-graph ones)."""
+    aggregated = getattr(batch, "aggregated", None)
+    if aggregated is not None:
+        return {"feature_rows": float(aggregated.shape[0]), "feature_bytes": float(aggregated.nbytes)}
+    features, inputs = getattr(batch, "features", None), getattr(batch, "input_nodes", None)
+    if features is None or inputs is None:
+        return {}
+    moved = inputs.numel() - int((getattr(batch, "meta", None) or {}).get("cache_hits", 0))
+    return {
+        "feature_rows": float(moved),
+        "feature_bytes": float(moved * features.shape[1] * features.element_size()),
+    }
 
 
 class StageTimingCallback(pl.Callback):
@@ -89,6 +109,7 @@ class StageTimingCallback(pl.Callback):
         if "cache_hits" in meta:
             self._hits += int(meta["cache_hits"])
             self._rows += int(batch.input_nodes.numel())
+        row.update(feature_traffic(batch))
         for key in META_STAGES + META_GAUGES:
             if key in meta:
                 row[key] = float(meta[key])
@@ -143,11 +164,24 @@ class StageTimingCallback(pl.Callback):
             )
         )
 
+    def result_fields(self) -> str:
+        """`` feature_rows_per_batch=... feature_mb_per_batch=... cache_hit_rate=...``: what a batch
+        moved to the device, for the recipe's RESULT line (empty without sampled batches)."""
+        if "mean_feature_rows" not in self.summary:
+            return ""
+        fields = (
+            f" feature_rows_per_batch={self.summary['mean_feature_rows']:.0f}"
+            f" feature_mb_per_batch={self.summary['mean_feature_bytes'] / 2**20:.3f}"
+        )
+        if "cache_hit_rate" in self.summary:
+            fields += f" cache_hit_rate={self.summary['cache_hit_rate']:.3f}"
+        return fields
+
     def summarize(self) -> dict[str, float]:
         """Trimmed per-batch means (``mean_*``), totals (``total_*``) and epoch times."""
         out: dict[str, float] = {}
         for key, values in self.records.items():
-            if key in META_GAUGES:
+            if key in META_GAUGES or key in TRAFFIC:
                 out[f"mean_{key}"] = float(sum(values) / len(values))
                 continue
             out[f"mean_{key}"] = trimmed_mean(values, self.trim)

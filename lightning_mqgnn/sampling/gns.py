@@ -1,16 +1,27 @@
 """Global Neighbor Sampling (GNS, Dong et al. KDD'21): the node-wise sampler that prefers the
 device feature cache (``GNSCache``, ``sampling/feature_cache.py``).
 
-Upper layers are ``NeighborSampler``'s. At the input layer a destination ``v`` samples up to ``k``
-of its *cached* neighbours uniformly (``q_v = sampled / cached``); neighbour ``u`` gets the
-Horvitz-Thompson weight ``P_vu / (π_u q_v)``. Over the cache draw and the sampling,
-``E[Σ w_uv h_u] = Σ_u P_vu h_u``: the aggregation is unbiased (GNS's estimator; for a fixed cache it
-is not). So the input layer only reads cached features, plus the destinations' own rows. With
-``sampling="labor"`` every layer samples as ``LaborSampler`` (the input layer among the cached
-neighbours), and the within-cache probability ``π_ts`` of LABOR takes the place of ``q_v``.
-``estimator="hajek"`` rescales each row's HT weights to the row's exact mass ``Σ_u P_vu``
-(self-normalised: consistent, not unbiased): rarely cached nodes no longer arrive with 1/π_u
-weights in the hundreds, which on a generated products-like graph cost GCN half its accuracy.
+Upper layers are ``NeighborSampler``'s; the input layer is where the cache is read. Two rules:
+
+- ``rule="cached_first"`` (the default with node-wise sampling; the GNS paper's Algorithm 1 as its text states it, "sample
+  cached neighbours first, fill up with uncached ones"): a destination ``v`` with ``c_v`` cached
+  of its ``d_v`` in-neighbours takes ``k`` of the cached ones uniformly when ``c_v >= k``; else all
+  ``c_v`` and ``m = min(k - c_v, d_v - c_v)`` of the uncached ones, uniformly. Weights are
+  importance weights given the cache, ``P_vu / P(u sampled | cache)``: the aggregation is unbiased
+  for every row with ``c_v < k``, and a row with ``c_v >= k`` estimates the cached neighbours'
+  part of its sum only (the stated bias: ``test_gns`` bounds it by that part). No weight exceeds
+  ``P_vu d_v``, the size of node-wise sampling's weights.
+- ``rule="cached_only"``: the GNS authors' code, which reads cached neighbours only, with the
+  Horvitz-Thompson weight ``P_vu / (π_u q_v)`` over the cache draw (``π_u``: u's inclusion
+  probability, ``q_v = sampled / cached``). Unbiased over cache draws, but a destination without a
+  cached neighbour aggregates nothing, and ``1/π_u`` reaches the hundreds: on a products-like
+  graph GCN lost half its accuracy to it (BENCHMARKS.md). With ``sampling="labor"`` every layer
+  samples as ``LaborSampler``, the input layer among the cached neighbours (``π_ts`` replaces
+  ``q_v``); LABOR is offered with this rule only.
+
+``estimator="hajek"`` rescales each row's weights to the row's exact mass ``Σ_u P_vu``
+(self-normalised: consistent, not unbiased); under ``cached_first`` it turns a ``c_v >= k`` row into
+a mean over cached neighbours at the row's full mass.
 """
 
 from __future__ import annotations
@@ -34,16 +45,18 @@ from lightning_mqgnn.sampling.labor import (
     labor_sample,
 )
 from lightning_mqgnn.sampling.neighbor import NeighborSampler, sample_neighbor_edges, sampled_block
+from lightning_mqgnn.sampling.rng import sampling_generator
 
 LAYER_SAMPLING = ("neighbor", "labor")
+RULES = ("cached_first", "cached_only")
 
 
 class GNSSampler:
-    """Node-wise sampler whose input layer samples among cached neighbours (GNS).
+    """Node-wise sampler whose input layer prefers cached neighbours (GNS).
 
-    ``fanouts`` input layer first, as ``NeighborSampler``; ``fanouts[0]`` caps the cached
-    neighbours taken per node (-1: all). Blocks keep destinations as a source prefix.
-    ``sampling="labor"`` samples every layer with LABOR (``LaborSampler``, ``importance_sampling``
+    ``fanouts`` input layer first, as ``NeighborSampler``; ``fanouts[0]`` is the input layer's
+    fan-out (-1: all). Blocks keep destinations as a source prefix. ``rule`` (module docstring):
+    ``"cached_first"`` by default, ``"cached_only"`` with ``sampling="labor"``, which samples every layer with LABOR (``LaborSampler``, ``importance_sampling``
     fixed-point rounds): the upper layers as ``LaborSampler`` does, the input layer among each
     node's cached neighbours (``d_s`` = cached neighbours, one shared variate per cached source),
     so ``π_ts`` replaces ``q_v`` in the Horvitz-Thompson weight ``P_vu / (π_u π_ts)``.
@@ -59,7 +72,16 @@ class GNSSampler:
         estimator: str = "ht",
         sampling: str = "neighbor",
         importance_sampling: int = 0,
+        rule: str | None = None,
     ):
+        if rule is None:  # the rule each layer sampling offers
+            rule = "cached_only" if sampling == "labor" else "cached_first"
+        if rule not in RULES:
+            raise ValueError(f"GNS rule must be one of {RULES}, got {rule!r}")
+        if sampling == "labor" and rule != "cached_only":
+            raise ValueError(
+                "GNS with sampling='labor' samples among cached neighbours only: pass rule='cached_only'"
+            )
         if sampling not in LAYER_SAMPLING:
             raise ValueError(f"GNS layer sampling must be one of {LAYER_SAMPLING}, got {sampling!r}")
         if sampling == "labor":
@@ -85,6 +107,7 @@ class GNSSampler:
         self.aggregation = aggregation
         self.num_layers = len(fanouts)
         self.sampling = sampling
+        self.rule = rule
         self.importance_sampling = int(importance_sampling)
         self._upper = None
         if len(fanouts) > 1 and sampling == "labor":
@@ -134,13 +157,22 @@ class GNSSampler:
             )
             q = counts.to(torch.float64) / cached_count.clamp(min=1).to(torch.float64)
             taken = q[rows]  # P(u taken | u cached)
-        ht = 1.0 / (cache.inclusion[nbrs] * taken)  # Horvitz-Thompson factor
+        if self.rule == "cached_only":
+            inv = 1.0 / (cache.inclusion[nbrs] * taken)  # Horvitz-Thompson over cache draw and sample
+        else:
+            fill_rows, fill_nbrs, fill_taken = uncached_fill(
+                g, cache.slot, dst, deg, cached_count, self.fanouts[0]
+            )
+            rows, order = torch.sort(torch.cat([rows, fill_rows]), stable=True)
+            nbrs = torch.cat([nbrs, fill_nbrs])[order]
+            inv = (1.0 / torch.cat([taken, fill_taken]))[order]  # importance weight given the cache
+            counts = torch.bincount(rows, minlength=dst.numel())
         src_nodes, local = self._relabel(dst, nbrs)
         if self.aggregation == "mean":
             p = 1.0 / deg[rows].to(torch.float64)  # P_vu of the neighbour mean (eq. 17)
         else:
             p = self._norm[dst][rows] * self._norm[nbrs]  # P_vu of eq. 2; the self loop stays exact
-        w = p * ht
+        w = p * inv
         if self.estimator == "hajek":
             # rescale each row's weights to the row's exact mass Σ_u P_vu
             total = torch.zeros(dst.numel(), dtype=torch.float64, device=dst.device).index_add_(0, rows, w)
@@ -161,6 +193,33 @@ def cached_edges(cache: GNSCache, dst: Tensor) -> CSRGraph:
     return CSRGraph(indptr=indptr, indices=cache.edge_pos.index_select(0, edge), num_nodes=dst.numel())
 
 
+def uncached_fill(
+    graph: CSRGraph, slot: Tensor, dst: Tensor, deg: Tensor, cached_count: Tensor, fanout: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The uncached neighbours that fill each destination's sample up to ``fanout`` (-1: all) when
+    fewer are cached: ``m = min(fanout - c_v, d_v - c_v)`` of them, uniform without replacement
+    (random keys, the smallest ``m`` of each row). Returns ``(rows, nbrs, taken)``: the row in
+    ``dst``, the neighbour, and ``P(u sampled | cache) = m / (d_v - c_v)``. Reads the whole rows of
+    the destinations that need filling only."""
+    need = deg - cached_count if fanout < 0 else (fanout - cached_count).clamp(min=0)
+    short = torch.nonzero((need > 0) & (deg > cached_count)).reshape(-1)
+    starts = graph.indptr.index_select(0, dst.index_select(0, short))
+    row_deg = deg.index_select(0, short)
+    nbrs = graph.indices.index_select(0, row_positions(starts, row_deg))
+    rows = torch.repeat_interleave(torch.arange(short.numel(), device=dst.device), row_deg)
+    uncached = slot.index_select(0, nbrs) < 0
+    rows, nbrs = rows[uncached], nbrs[uncached]
+    available = torch.bincount(rows, minlength=short.numel())
+    keys = torch.rand(rows.numel(), dtype=torch.float64, device=dst.device, generator=sampling_generator())
+    order = torch.argsort(rows.to(torch.float64) + keys)  # grouped by row, shuffled within it
+    rows, nbrs = rows[order], nbrs[order]
+    rank = torch.arange(rows.numel(), device=dst.device) - (torch.cumsum(available, 0) - available)[rows]
+    m = torch.minimum(need.index_select(0, short), available)
+    keep = rank < m[rows]
+    taken = (m.to(torch.float64) / available.clamp(min=1).to(torch.float64))[rows[keep]]
+    return short[rows[keep]], nbrs[keep], taken
+
+
 def gns_sampler(
     graph: CSRGraph,
     train_idx: Tensor,
@@ -172,6 +231,7 @@ def gns_sampler(
     estimator: str = "ht",
     sampling: str = "neighbor",
     importance_sampling: int = 0,
+    rule: str | None = None,
 ) -> GNSSampler:
     """A ``GNSSampler`` with its own cache over ``graph``'s training split, for configs: the
     recipe hands ``sampler.cache`` to the DataModule, which refreshes it and keeps it resident."""
@@ -184,4 +244,5 @@ def gns_sampler(
         estimator=estimator,
         sampling=sampling,
         importance_sampling=importance_sampling,
+        rule=rule,
     )

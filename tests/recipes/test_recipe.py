@@ -17,6 +17,7 @@ def test_default_recipe_trains_on_the_generated_graph(tmp_path):
     assert float(result["test"]) > 0.2
     assert float(result["val"]) > 0.2
     assert int(result["batches"]) > 0
+    assert float(result["feature_rows_per_batch"]) > 0 and "cache_hit_rate" not in result  # no cache
 
 
 def test_run_shorter_than_the_validation_interval_scores_its_last_weights(tmp_path):
@@ -116,6 +117,10 @@ def test_gns_model_trains_through_the_pipeline(tmp_path):
     assert len(rates) == 1, proc.stdout[-2000:]
     per_epoch = [float(r) for r in rates[0].split(":")[1].split(",")]
     assert len(per_epoch) == 4 and all(0.0 < r < 1.0 for r in per_epoch)
+    # the RESULT line carries the trade: rows and bytes moved per batch, and the last hit rate
+    assert float(result["cache_hit_rate"]) == pytest.approx(per_epoch[-1], abs=1e-3)
+    rows, mb = float(result["feature_rows_per_batch"]), float(result["feature_mb_per_batch"])
+    assert rows > 0 and mb == pytest.approx(rows * 128 * 4 / 2**20, rel=0.01)  # 128 float32 features
 
 
 @pytest.mark.slow  # two rank processes each import the stack; the strategy itself is tested on forked ranks

@@ -93,7 +93,7 @@ def test_cached_input_layer_aggregation_is_unbiased(aggregation, device):
     graph = random_graph(80, 240, 5)
     train = torch.arange(80)
     cache = GNSCache(graph, train, fraction=0.15, seed=2)
-    moved = on_device(GNSSampler(graph, [3], cache, aggregation=aggregation), device)
+    moved = on_device(GNSSampler(graph, [3], cache, aggregation=aggregation, rule="cached_only"), device)
 
     def draw(t, seeds):
         cache.refresh_(t + 1)
@@ -115,8 +115,8 @@ def test_hajek_weights_carry_each_rows_exact_mass(aggregation):
     keep = src != dst  # no self edges: a destination's own source row is then only GCN's self loop
     graph = CSRGraph.from_edges(src[keep], dst[keep], 200, symmetrize=True)
     cache = GNSCache(graph, torch.arange(200), fraction=0.1, seed=4)
-    sampler = GNSSampler(graph, [3], cache, aggregation=aggregation, estimator="hajek")
-    ht = GNSSampler(graph, [3], cache, aggregation=aggregation)
+    sampler = GNSSampler(graph, [3], cache, aggregation=aggregation, estimator="hajek", rule="cached_only")
+    ht = GNSSampler(graph, [3], cache, aggregation=aggregation, rule="cached_only")
     seeds = torch.arange(0, 200, 3)
     torch.manual_seed(1)
     block = sampler.sample(seeds).blocks[0]
@@ -147,7 +147,7 @@ def test_hajek_weights_carry_each_rows_exact_mass(aggregation):
 def test_input_layer_reads_only_cached_neighbours_and_upper_layers_match_neighbor_sampler():
     graph = random_graph(300, 1500, 8)
     cache = GNSCache(graph, torch.arange(250), fraction=0.1, seed=3)
-    sampler = GNSSampler(graph, [4, 5], cache, aggregation="mean")
+    sampler = GNSSampler(graph, [4, 5], cache, aggregation="mean", rule="cached_only")
     seeds = torch.arange(20)
     torch.manual_seed(9)
     batch = sampler.sample(seeds)
@@ -181,6 +181,80 @@ def test_gather_with_cache_moves_only_uncached_rows_and_counts_hits():
         assert batch.cache_slots is None and torch.equal(batch.features, feats[batch.input_nodes])
         total_hits, total_rows = total_hits + hits, total_rows + rows
     assert 0.0 < total_hits / total_rows < 1.0
+
+
+def _conditional_truth(graph, cache, seeds, aggregation, k, h):
+    """What a cached_first row estimates given the cache: the exact aggregation when fewer than
+    ``k`` neighbours are cached, else its cached neighbours' part (the stated bias); GCN's exact
+    self loop in both."""
+    deg = graph.in_degrees().to(torch.float64)
+    out = torch.zeros(len(seeds), h.shape[1], dtype=torch.float64)
+    full = []
+    for i, v in enumerate(seeds.tolist()):
+        nbrs = graph.indices[graph.indptr[v] : graph.indptr[v + 1]]
+        cached = cache.slot[nbrs] >= 0
+        full.append(int(cached.sum()) < k)
+        use = nbrs if full[-1] else nbrs[cached]
+        if aggregation == "mean":
+            p = torch.full((use.numel(),), 1.0 / max(nbrs.numel(), 1), dtype=torch.float64)
+        else:
+            p = ((deg[v] + 1) * (deg[use] + 1)).rsqrt()
+            out[i] += h[v] / (deg[v] + 1)
+        out[i] += (p[:, None] * h[use]).sum(0)
+    return out, torch.tensor(full)
+
+
+@pytest.mark.parametrize("aggregation", ["gcn", "mean"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_cached_first_is_unbiased_given_the_cache_where_it_fills_up(aggregation, device):
+    # one cache, 1500 samples: a row with fewer than k cached neighbours estimates its exact
+    # aggregation (all cached taken, uncached filled in with weight (d - c) / m); a row with k or
+    # more estimates its cached neighbours' part, within 4.5 standard errors
+    graph = random_graph(120, 700, 5)
+    cache = GNSCache(graph, torch.arange(120), fraction=0.2, seed=2)
+    sampler = on_device(GNSSampler(graph, [3], cache, aggregation=aggregation), device)
+    seeds = torch.tensor([0, 7, 11, 42, 77, 90, 101, 119])
+    h = torch.randn(120, 2, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    truth, full = _conditional_truth(graph, cache, seeds, aggregation, 3, h)
+    assert full.any() and (~full).any()  # both kinds of rows are checked
+    trials = 1500
+    est = torch.zeros(trials, len(seeds), 2, dtype=torch.float64)
+    torch.manual_seed(7)
+    for t in range(trials):
+        b = sampler.sample(seeds.to(device)).to("cpu")
+        est[t] = b.blocks[0].aggregate(h[b.input_nodes].float()).double()
+    se = est.std(0) / trials**0.5
+    assert ((est.mean(0) - truth).abs() <= 4.5 * se + 1e-5).all()
+
+
+def test_cached_first_takes_cached_neighbours_first_and_keeps_weights_small():
+    graph = random_graph(400, 4000, 9)
+    cache = GNSCache(graph, torch.arange(400), fraction=0.05, seed=1)
+    k = 4
+    sampler = GNSSampler(graph, [k], cache, aggregation="mean")
+    seeds = torch.arange(0, 400, 2)
+    batch = sampler.sample(seeds)
+    block, sources = batch.blocks[0], batch.input_nodes
+    assert block.num_dst == seeds.numel()
+    counts = block.indptr[1:] - block.indptr[:-1]
+    assert torch.equal(counts, graph.in_degrees()[seeds].clamp(max=k))  # the fan-out is always filled
+    for i, v in enumerate(seeds.tolist()):
+        nbrs = graph.indices[graph.indptr[v] : graph.indptr[v + 1]]
+        cached = set(nbrs[cache.slot[nbrs] >= 0].tolist())
+        got = sources[block.indices[block.indptr[i] : block.indptr[i + 1]]].tolist()
+        assert len(set(got)) == len(got) and set(got) <= set(nbrs.tolist())
+        taken = cached & set(got)
+        assert len(taken) == min(len(cached), k), v  # cached neighbours first
+    # mean aggregation: a weight is 1/d_v over a sampling probability of at least m/(d_v - c_v),
+    # so never above 1 (node-wise sampling's own size); cached_only divides by π_u as well
+    assert float(block.weights.max()) <= 1.0 + 1e-6
+    only = GNSSampler(graph, [k], cache, aggregation="mean", rule="cached_only").sample(seeds).blocks[0]
+    assert float(only.weights.max()) > 2.0  # 1/π_u > 1 for every cached neighbour
+    with pytest.raises(ValueError, match="GNS rule must be one of"):
+        GNSSampler(graph, [k], cache, rule="cached")
+    with pytest.raises(ValueError, match="rule='cached_only'"):
+        GNSSampler(graph, [k], cache, sampling="labor", rule="cached_first")
+    assert GNSSampler(graph, [k], cache, sampling="labor").rule == "cached_only"
 
 
 def test_sampler_pickles_with_shared_cache_and_validates_arguments():
