@@ -199,9 +199,11 @@ def mirror_dir() -> Path | None:
 
 
 def _mirrored(name: str) -> Path | None:
+    """The mirror's ``<name>.npz``, where there is a mirror holding it."""
     mirror = mirror_dir()
-    path = mirror / f"{name}.npz" if mirror is not None else None
-    return path if path is not None and path.is_file() else None
+    if mirror is None or not (mirror / f"{name}.npz").is_file():
+        return None
+    return mirror / f"{name}.npz"
 
 
 def registered(name: str) -> RegisteredDataset:
@@ -232,6 +234,7 @@ def dataset_file(name: str, download: bool = True) -> Path:
 
 
 def _manual(entry: RegisteredDataset, raw: Path) -> str:
+    """What to put where by hand: the error lines' second half."""
     mirror = f"{MIRROR_ENV}={mirror_dir()}" if mirror_dir() is not None else f"{MIRROR_ENV} unset"
     return (
         f"put {', '.join(entry.files)} from {entry.base_url}/ into {raw}/, "
