@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
-from lightning_mqgnn.graph.fields import SPLITS, as_tensor, edge_pairs, label_tensor, random_split, split_ids
+from lightning_mqgnn.graph.fields import as_tensor, edge_pairs, given_splits, label_tensor, random_split
 from lightning_mqgnn.graph.huge_pages import advise_huge_pages
 from lightning_mqgnn.graph.validate import METRICS, validate_dataset
 
@@ -86,9 +86,7 @@ class GraphDataset:
         if splits is None:
             split = random_split(num_nodes, split_fractions, seed)
         else:
-            if sorted(splits) != sorted(SPLITS):
-                raise ValueError(f"{who}: splits needs keys {list(SPLITS)}, got {sorted(splits)}")
-            split = tuple(split_ids(who, f"{s}_idx", splits[s], num_nodes) for s in SPLITS)
+            split = given_splits(who, splits, num_nodes)
         return converted_dataset(name, graph, features, labels, split, num_classes, metric, source)
 
     @property

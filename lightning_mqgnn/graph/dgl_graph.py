@@ -103,8 +103,9 @@ def from_dgl(
 
 def load_dgl_builtin(name: str, raw_dir: str | None = None, download: bool = True) -> GraphDataset:
     """One of DGL's built-in datasets (``DGL_BUILTINS``), downloaded into ``raw_dir`` by DGL the
-    first time (``raw_dir=None``: ``<data root>/dgl``, see ``graph.registry``) unless ``download`` is False or DGL's
-    server cannot be reached; both of those end in a ``FileNotFoundError`` saying where the files go."""
+    first time (``raw_dir=None``: ``<data root>/dgl``, see ``graph.registry``) unless ``download``
+    is False or DGL's server cannot be reached; both of those end in a ``FileNotFoundError`` saying
+    where the files go."""
     key = name.lower()
     if key not in DGL_BUILTINS:
         raise ValueError(f"unknown DGL dataset name {name!r}; expected one of {sorted(DGL_BUILTINS)}")

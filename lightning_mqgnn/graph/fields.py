@@ -4,7 +4,7 @@ and ``from_pyg``; each failure is a one-line ``ValueError`` naming the field and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,15 @@ def split_ids(who: str, key: str, value: Any, num_nodes: int) -> Tensor:
     if value.dtype.is_floating_point or value.is_complex():
         raise ValueError(f"{who}: field '{key}' must hold integer node ids, got dtype {value.dtype}")
     return value.to(torch.int64)
+
+
+def given_splits(who: str, splits: Mapping[str, Any], num_nodes: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``splits`` (``train``, ``val`` and ``test``, each node ids or a mask) as int64 ids, in that
+    order."""
+    if sorted(splits) != sorted(SPLITS):
+        raise ValueError(f"{who}: splits= needs keys {list(SPLITS)}, got {sorted(splits)}")
+    train, val, test = (split_ids(who, f"{s}_idx", splits[s], num_nodes) for s in SPLITS)
+    return train, val, test
 
 
 def label_tensor(who: str, y: Any) -> Tensor:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset, converted_dataset, split_mask
-from lightning_mqgnn.graph.fields import SPLITS, edge_pairs, label_tensor, split_ids
+from lightning_mqgnn.graph.fields import SPLITS, edge_pairs, given_splits, label_tensor, split_ids
 from lightning_mqgnn.graph.registry import data_root
 
 
@@ -40,11 +40,7 @@ def _field(data: Any, key: str) -> Any:
 
 def _splits(who: str, data: Any, splits: Mapping[str, Tensor] | None, num_nodes: int) -> list[Tensor]:
     if splits is not None:
-        unknown = sorted(set(splits) - set(SPLITS))
-        missing = [s for s in SPLITS if s not in splits]
-        if unknown or missing:
-            raise ValueError(f"{who}: splits= needs keys {list(SPLITS)}, got {sorted(splits)}")
-        return [split_ids(who, f"{s}_idx", splits[s], num_nodes) for s in SPLITS]
+        return list(given_splits(who, splits, num_nodes))
     out = []
     for s in SPLITS:
         key = next((k for k in (f"{s}_mask", f"{s}_idx") if _field(data, k) is not None), None)

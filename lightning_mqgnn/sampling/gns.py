@@ -3,14 +3,14 @@ device feature cache (``GNSCache``, ``sampling/feature_cache.py``).
 
 Upper layers are ``NeighborSampler``'s; the input layer is where the cache is read. Two rules:
 
-- ``rule="cached_first"`` (the default with node-wise sampling; the GNS paper's Algorithm 1 as its text states it, "sample
-  cached neighbours first, fill up with uncached ones"): a destination ``v`` with ``c_v`` cached
-  of its ``d_v`` in-neighbours takes ``k`` of the cached ones uniformly when ``c_v >= k``; else all
-  ``c_v`` and ``m = min(k - c_v, d_v - c_v)`` of the uncached ones, uniformly. Weights are
-  importance weights given the cache, ``P_vu / P(u sampled | cache)``: the aggregation is unbiased
-  for every row with ``c_v < k``, and a row with ``c_v >= k`` estimates the cached neighbours'
-  part of its sum only (the stated bias: ``test_gns`` bounds it by that part). No weight exceeds
-  ``P_vu d_v``, the size of node-wise sampling's weights.
+- ``rule="cached_first"`` (the default with node-wise sampling; the GNS paper's Algorithm 1 as its
+  text states it, "sample cached neighbours first, fill up with uncached ones"): a destination
+  ``v`` with ``c_v`` cached of its ``d_v`` in-neighbours takes ``k`` of the cached ones uniformly
+  when ``c_v >= k``; else all ``c_v`` and ``m = min(k - c_v, d_v - c_v)`` of the uncached ones,
+  uniformly. Weights are importance weights given the cache, ``P_vu / P(u sampled | cache)``: the
+  aggregation is unbiased for every row with ``c_v < k``, and a row with ``c_v >= k`` estimates
+  the cached neighbours' part of its sum only (the stated bias: ``test_gns`` bounds it by that
+  part). No weight exceeds ``P_vu d_v``, the size of node-wise sampling's weights.
 - ``rule="cached_only"``: the GNS authors' code, which reads cached neighbours only, with the
   Horvitz-Thompson weight ``P_vu / (π_u q_v)`` over the cache draw (``π_u``: u's inclusion
   probability, ``q_v = sampled / cached``). Unbiased over cache draws, but a destination without a
@@ -56,10 +56,11 @@ class GNSSampler:
 
     ``fanouts`` input layer first, as ``NeighborSampler``; ``fanouts[0]`` is the input layer's
     fan-out (-1: all). Blocks keep destinations as a source prefix. ``rule`` (module docstring):
-    ``"cached_first"`` by default, ``"cached_only"`` with ``sampling="labor"``, which samples every layer with LABOR (``LaborSampler``, ``importance_sampling``
-    fixed-point rounds): the upper layers as ``LaborSampler`` does, the input layer among each
-    node's cached neighbours (``d_s`` = cached neighbours, one shared variate per cached source),
-    so ``π_ts`` replaces ``q_v`` in the Horvitz-Thompson weight ``P_vu / (π_u π_ts)``.
+    ``"cached_first"`` by default, ``"cached_only"`` with ``sampling="labor"``, which samples every
+    layer with LABOR (``LaborSampler``, ``importance_sampling`` fixed-point rounds): the upper
+    layers as ``LaborSampler`` does, the input layer among each node's cached neighbours (``d_s`` =
+    cached neighbours, one shared variate per cached source), so ``π_ts`` replaces ``q_v`` in the
+    Horvitz-Thompson weight ``P_vu / (π_u π_ts)``.
     """
 
     def __init__(
