@@ -6,7 +6,8 @@ and the queue depths. Batch and epoch times come from ``TrainingClock``, as ``Ba
 validation is excluded. The summary uses the paper's batch time: the first and last 20 batches
 are dropped before averaging. It also counts each sampled batch's feature traffic
 (``feature_traffic``), so the trade a feature cache makes is visible on every run
-(``result_fields``).
+(``result_fields``), and logs the time at every validation (``time/train_s``, validation
+excluded, and ``time/wall_s``) next to its metric, for time-to-accuracy curves.
 """
 
 from __future__ import annotations
@@ -64,10 +65,11 @@ class StageTimingCallback(pl.Callback):
         self._hits = self._rows = 0
         self.summary: dict[str, float] = {}
         self._marks: dict[str, float] = {}
+        self._fit_start = 0.0
 
     @override
     def on_fit_start(self, trainer, pl_module) -> None:
-        self.clock.fit_start(pl_module.device)
+        self._fit_start = self.clock.fit_start(pl_module.device)
         self.records.clear()
         self.epoch_times.clear()
         self.cache_hit_rates.clear()
@@ -130,6 +132,14 @@ class StageTimingCallback(pl.Callback):
     @override
     def on_validation_end(self, trainer, pl_module) -> None:
         self.clock.validation_end()
+        if trainer.sanity_checking or not trainer.loggers:
+            return
+        # the clocks at every validation, logged at the step of its metric: a curve of the metric
+        # against time to accuracy, with and without the time validation itself took
+        wall = self.clock.now() - self._fit_start
+        times = {"time/train_s": wall - self.clock.validation_s, "time/wall_s": wall}
+        for logger in trainer.loggers:
+            logger.log_metrics(times, step=trainer.global_step - 1)
 
     @override
     def on_train_epoch_end(self, trainer, pl_module) -> None:

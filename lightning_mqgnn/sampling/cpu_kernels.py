@@ -237,18 +237,18 @@ def _solve_row(inv_pi, start, end, d, k, clipped, c_iterations, clip_slack):
 
 
 @njit(
-    "float64[::1](int64[::1], int64[::1], int64, int64, int64[::1], float64, int64, float64)",
+    "float64[::1](int64[::1], int64[::1], int64[::1], int64, int64[::1], float64, int64, float64)",
     nogil=True,
     cache=True,
 )
-def _importance_probabilities(src, counts, fanout, rounds, slot, tolerance, c_iterations, clip_slack):
+def _importance_probabilities(src, counts, fanouts, rounds, slot, tolerance, c_iterations, clip_slack):
     """``labor.labor_probabilities``' fixed point, each pass over the edges one loop."""
     local, distinct = _source_numbers(src, slot)
     rows = counts.size
     c = np.empty(rows)
     for r in range(rows):
         d = counts[r]
-        c[r] = min(d, fanout) / d if d > 0 else 0.0
+        c[r] = min(d, fanouts[r]) / d if d > 0 else 0.0
     pi = np.ones(distinct)
     most = np.empty(distinct)
     inv_pi = np.empty(src.size)
@@ -270,7 +270,9 @@ def _importance_probabilities(src, counts, fanout, rounds, slot, tolerance, c_it
         start = 0
         for r in range(rows):
             d = counts[r]
-            c[r] = _solve_row(inv_pi, start, start + d, d, min(d, fanout), clipped, c_iterations, clip_slack)
+            c[r] = _solve_row(
+                inv_pi, start, start + d, d, min(d, fanouts[r]), clipped, c_iterations, clip_slack
+            )
             start += d
         if expected >= (1.0 - tolerance) * expected_prev:
             break
@@ -285,14 +287,27 @@ def _importance_probabilities(src, counts, fanout, rounds, slot, tolerance, c_it
 
 
 def importance_probabilities(
-    src: Tensor, counts: Tensor, fanout: int, rounds: int, slot: Tensor, constants: tuple[float, int, float]
+    src: Tensor,
+    counts: Tensor,
+    fanouts: Tensor,
+    rounds: int,
+    slot: Tensor,
+    constants: tuple[float, int, float],
 ) -> Tensor:
     """``labor.labor_probabilities`` with ``rounds`` (> 0) fixed-point rounds over the candidates
-    ``src`` grouped in rows of ``counts``, one row at a time: ``π_ts`` per candidate (float64).
+    ``src`` grouped in rows of ``counts``, one row at a time, with ``fanouts`` (int64) each row's
+    ``k``: ``π_ts`` per candidate (float64).
     ``constants``: the tolerance, the water-filling's iteration cap and its clipping slack."""
     tolerance, c_iterations, clip_slack = constants
     prob = _importance_probabilities(
-        src.numpy(), counts.numpy(), fanout, rounds, slot.numpy(), tolerance, c_iterations, clip_slack
+        src.numpy(),
+        counts.numpy(),
+        fanouts.numpy(),
+        rounds,
+        slot.numpy(),
+        tolerance,
+        c_iterations,
+        clip_slack,
     )
     return torch.from_numpy(prob)
 

@@ -42,10 +42,10 @@ from lightning_mqgnn.sampling.labor import (
     SourceIndex,
     check_labor_arguments,
     draw_layer_seed,
+    hash_bits,
     labor_sample,
 )
 from lightning_mqgnn.sampling.neighbor import NeighborSampler, sample_neighbor_edges, sampled_block
-from lightning_mqgnn.sampling.rng import sampling_generator
 
 LAYER_SAMPLING = ("neighbor", "labor")
 RULES = ("cached_first", "cached_only")
@@ -73,16 +73,10 @@ class GNSSampler:
         estimator: str = "ht",
         sampling: str = "neighbor",
         importance_sampling: int = 0,
-        rule: str | None = None,
+        rule: str = "cached_first",
     ):
-        if rule is None:  # the rule each layer sampling offers
-            rule = "cached_only" if sampling == "labor" else "cached_first"
         if rule not in RULES:
             raise ValueError(f"GNS rule must be one of {RULES}, got {rule!r}")
-        if sampling == "labor" and rule != "cached_only":
-            raise ValueError(
-                "GNS with sampling='labor' samples among cached neighbours only: pass rule='cached_only'"
-            )
         if sampling not in LAYER_SAMPLING:
             raise ValueError(f"GNS layer sampling must be one of {LAYER_SAMPLING}, got {sampling!r}")
         if sampling == "labor":
@@ -140,11 +134,12 @@ class GNSSampler:
         deg = g.indptr[dst + 1] - g.indptr[dst]
         sub = cached_edges(cache, dst)
         cached_count = sub.in_degrees()
+        seed = draw_layer_seed()  # the layer's shared variates (LABOR's, and the uncached fill's)
         if self.sampling == "labor":
             # LABOR among the cached neighbours: one shared variate per cached source
             cand = CandidateEdges(g.indices[sub.indices], cached_count)
             keep, rows, taken = labor_sample(  # taken: P(u taken | u cached)
-                cand, self.fanouts[0], self.importance_sampling, self._sources, draw_layer_seed()
+                cand, self.fanouts[0], self.importance_sampling, self._sources, seed
             )
             nbrs = cand.src.index_select(0, keep)
             counts = torch.bincount(rows, minlength=dst.numel())
@@ -161,11 +156,15 @@ class GNSSampler:
         if self.rule == "cached_only":
             inv = 1.0 / (cache.inclusion[nbrs] * taken)  # Horvitz-Thompson over cache draw and sample
         else:
-            fill_rows, fill_nbrs, fill_taken = uncached_fill(
-                g, cache.slot, dst, deg, cached_count, self.fanouts[0]
-            )
-            rows, order = torch.sort(torch.cat([rows, fill_rows]), stable=True)
-            nbrs = torch.cat([nbrs, fill_nbrs])[order]
+            short, fill, need = uncached_candidates(g, cache.slot, dst, deg, cached_count, self.fanouts[0])
+            if self.sampling == "labor":
+                keep, fill_rows, fill_taken = labor_sample(
+                    fill, need, self.importance_sampling, self._sources, seed
+                )
+            else:
+                keep, fill_rows, fill_taken = bottom_k(fill, need, seed)
+            rows, order = torch.sort(torch.cat([rows, short[fill_rows]]), stable=True)
+            nbrs = torch.cat([nbrs, fill.src[keep]])[order]
             inv = (1.0 / torch.cat([taken, fill_taken]))[order]  # importance weight given the cache
             counts = torch.bincount(rows, minlength=dst.numel())
         src_nodes, local = self._relabel(dst, nbrs)
@@ -194,14 +193,13 @@ def cached_edges(cache: GNSCache, dst: Tensor) -> CSRGraph:
     return CSRGraph(indptr=indptr, indices=cache.edge_pos.index_select(0, edge), num_nodes=dst.numel())
 
 
-def uncached_fill(
+def uncached_candidates(
     graph: CSRGraph, slot: Tensor, dst: Tensor, deg: Tensor, cached_count: Tensor, fanout: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The uncached neighbours that fill each destination's sample up to ``fanout`` (-1: all) when
-    fewer are cached: ``m = min(fanout - c_v, d_v - c_v)`` of them, uniform without replacement
-    (random keys, the smallest ``m`` of each row). Returns ``(rows, nbrs, taken)``: the row in
-    ``dst``, the neighbour, and ``P(u sampled | cache) = m / (d_v - c_v)``. Reads the whole rows of
-    the destinations that need filling only."""
+) -> tuple[Tensor, CandidateEdges, Tensor]:
+    """What fills each destination's sample up to ``fanout`` (-1: all) when fewer of its
+    neighbours are cached: ``(short, candidates, need)``, the destinations (positions in ``dst``)
+    with uncached neighbours and a shortfall, their uncached neighbours grouped by row, and each
+    row's shortfall ``fanout - c_v`` (int64). Reads the whole rows of these destinations only."""
     need = deg - cached_count if fanout < 0 else (fanout - cached_count).clamp(min=0)
     short = torch.nonzero((need > 0) & (deg > cached_count)).reshape(-1)
     starts = graph.indptr.index_select(0, dst.index_select(0, short))
@@ -209,16 +207,26 @@ def uncached_fill(
     nbrs = graph.indices.index_select(0, row_positions(starts, row_deg))
     rows = torch.repeat_interleave(torch.arange(short.numel(), device=dst.device), row_deg)
     uncached = slot.index_select(0, nbrs) < 0
-    rows, nbrs = rows[uncached], nbrs[uncached]
-    available = torch.bincount(rows, minlength=short.numel())
-    keys = torch.rand(rows.numel(), dtype=torch.float64, device=dst.device, generator=sampling_generator())
-    order = torch.argsort(rows.to(torch.float64) + keys)  # grouped by row, shuffled within it
-    rows, nbrs = rows[order], nbrs[order]
-    rank = torch.arange(rows.numel(), device=dst.device) - (torch.cumsum(available, 0) - available)[rows]
-    m = torch.minimum(need.index_select(0, short), available)
-    keep = rank < m[rows]
-    taken = (m.to(torch.float64) / available.clamp(min=1).to(torch.float64))[rows[keep]]
-    return short[rows[keep]], nbrs[keep], taken
+    available = torch.bincount(rows[uncached], minlength=short.numel())
+    return short, CandidateEdges(nbrs[uncached], available), need.index_select(0, short)
+
+
+def bottom_k(cand: CandidateEdges, need: Tensor, seed: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``m_s = min(need_s, d_s)`` candidates of each row, uniform without replacement: the ``m_s``
+    with the smallest shared variates ``r_t`` (``hash_bits``, one per source for the whole
+    layer). Each row alone is a uniform sample; rows that share a neighbour take it together or
+    not at all, so fewer distinct sources are drawn than with independent draws per row (LABOR's
+    device, with a fixed sample size). Returns ``(keep, rows, taken)``: candidate positions, their
+    rows, and ``P(u taken) = m_s / d_s``."""
+    rows = cand.rows
+    r_bits = hash_bits(seed, cand.src).to(torch.int64) + (1 << 31)  # r_t's order, as unsigned ints
+    order = torch.argsort(rows * (1 << 32) + r_bits)  # by row, then by r_t: no ties (distinct sources)
+    rank = torch.arange(rows.numel(), device=rows.device) - (cand.ends - cand.counts).index_select(0, rows)
+    m = torch.minimum(need, cand.counts)
+    keep = order[rank < m.index_select(0, rows)]  # ranks are positional: rows stay grouped in `order`
+    rows = rows.index_select(0, keep)
+    taken = (m.to(torch.float64) / cand.deg.clamp(min=1.0)).index_select(0, rows)
+    return keep, rows, taken
 
 
 def gns_sampler(
@@ -232,7 +240,7 @@ def gns_sampler(
     estimator: str = "ht",
     sampling: str = "neighbor",
     importance_sampling: int = 0,
-    rule: str | None = None,
+    rule: str = "cached_first",
 ) -> GNSSampler:
     """A ``GNSSampler`` with its own cache over ``graph``'s training split, for configs: the
     recipe hands ``sampler.cache`` to the DataModule, which refreshes it and keeps it resident."""

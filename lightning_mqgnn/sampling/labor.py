@@ -219,11 +219,12 @@ def solve_row_scale(cand: CandidateEdges, inv_pi: Tensor, k: Tensor) -> tuple[Te
 
 
 def labor_probabilities(
-    cand: CandidateEdges, fanout: int, importance_sampling: int, index: SourceIndex
+    cand: CandidateEdges, fanout: int | Tensor, importance_sampling: int, index: SourceIndex
 ) -> Tensor:
     """``π_ts = min(1, c_s π_t)`` for every candidate edge, after ``importance_sampling`` rounds of
-    the fixed-point iteration (0: LABOR-0, -1: until converged, see the module docstring)."""
-    if fanout < 0:
+    the fixed-point iteration (0: LABOR-0, -1: until converged, see the module docstring).
+    ``fanout``: ``k`` for every row (-1: all), or one ``k_s >= 1`` per row (``row_fanouts``)."""
+    if isinstance(fanout, int) and fanout < 0:
         return torch.ones(cand.src.numel(), dtype=torch.float64, device=cand.src.device)
     if importance_sampling == 0:
         return labor0_probability(cand.deg, fanout).index_select(0, cand.rows)
@@ -234,21 +235,22 @@ def labor_probabilities(
 
 
 def importance_probabilities_compiled(
-    cand: CandidateEdges, fanout: int, rounds: int, index: SourceIndex
+    cand: CandidateEdges, fanout: int | Tensor, rounds: int, index: SourceIndex
 ) -> Tensor:
     """``labor_probabilities`` after ``rounds`` rounds, row by row in compiled loops: the CPU's
     form (``cpu_kernels.importance_probabilities``)."""
     scratch = index.scratch(cand.src.device)
     constants = (TOLERANCE, C_ITERATIONS, CLIP_SLACK)
-    return importance_probabilities(cand.src, cand.counts, fanout, rounds, scratch, constants)
+    k = row_fanouts(cand.deg, fanout).to(torch.int64)
+    return importance_probabilities(cand.src, cand.counts, k, rounds, scratch, constants)
 
 
 def importance_probabilities_vectorised(
-    cand: CandidateEdges, fanout: int, rounds: int, index: SourceIndex
+    cand: CandidateEdges, fanout: int | Tensor, rounds: int, index: SourceIndex
 ) -> Tensor:
     """``labor_probabilities`` after ``rounds`` rounds, each pass a vectorised operation over all
     candidates: the GPU's form (the CPU runs ``cpu_kernels.importance_probabilities``)."""
-    k = cand.deg.clamp(max=float(fanout))
+    k = row_fanouts(cand.deg, fanout)
     c = torch.where(cand.deg > 0, k / cand.deg.clamp(min=1.0), 0.0)  # LABOR-0: k / d_s
     num_sources, local = index(cand.src)
     pi = torch.ones(num_sources, dtype=torch.float64, device=cand.src.device)
@@ -267,7 +269,7 @@ def importance_probabilities_vectorised(
 
 def labor_sample(
     cand: CandidateEdges,
-    fanout: int,
+    fanout: int | Tensor,
     importance_sampling: int,
     index: SourceIndex,
     seed: int,
@@ -276,8 +278,8 @@ def labor_sample(
     """``(keep, rows, prob)``: positions of the kept candidate edges (ascending, so rows stay
     grouped), kept when ``r_t <= π_ts`` with one ``r_t`` per source vertex, their rows and their
     ``π_ts``. LABOR-0 compares each edge with its row's ``min(1, k/d_s)``: no per-edge probability
-    and no per-edge row id is built."""
-    if fanout < 0:
+    and no per-edge row id is built. ``fanout`` as ``labor_probabilities``."""
+    if isinstance(fanout, int) and fanout < 0:
         keep = torch.arange(cand.src.numel(), device=cand.src.device)
         return keep, cand.rows, torch.ones(keep.numel(), dtype=torch.float64, device=keep.device)
     if importance_sampling == 0:
@@ -290,9 +292,17 @@ def labor_sample(
     return keep, cand.rows_at(keep), prob.index_select(0, keep)
 
 
-def labor0_probability(deg: Tensor, fanout: int) -> Tensor:
-    """LABOR-0's ``π_ts = min(1, k / d_s)`` per row (float64 ``deg``; all kept when ``d_s <= k``)."""
-    return (deg.clamp(max=float(fanout)) / deg.clamp(min=1.0)).clamp_(max=1.0)
+def row_fanouts(deg: Tensor, fanout: int | Tensor) -> Tensor:
+    """``k_s = min(k, d_s)`` per row (float64 ``deg``). ``fanout`` is one ``k`` for every row, or
+    one per row: a sampler that has already taken part of a row (GNS's cached neighbours) asks
+    the rest of it for what is missing."""
+    k = fanout.to(deg.dtype) if isinstance(fanout, Tensor) else float(fanout)
+    return deg.clamp(max=k)
+
+
+def labor0_probability(deg: Tensor, fanout: int | Tensor) -> Tensor:
+    """LABOR-0's ``π_ts = min(1, k_s / d_s)`` per row (float64 ``deg``; all kept when ``d_s <= k``)."""
+    return (row_fanouts(deg, fanout) / deg.clamp(min=1.0)).clamp_(max=1.0)
 
 
 def in_edge_candidates(

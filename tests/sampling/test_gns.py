@@ -21,7 +21,8 @@ from lightning_mqgnn.sampling.feature_cache import (
     random_walk_distribution,
     resident_rows,
 )
-from lightning_mqgnn.sampling.gns import GNSSampler
+from lightning_mqgnn.sampling.gns import GNSSampler, bottom_k
+from lightning_mqgnn.sampling.labor import CandidateEdges, hash_bits
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 from lightning_mqgnn.sampling.residency import copy_state_
 
@@ -206,13 +207,18 @@ def _conditional_truth(graph, cache, seeds, aggregation, k, h):
 
 @pytest.mark.parametrize("aggregation", ["gcn", "mean"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_cached_first_is_unbiased_given_the_cache_where_it_fills_up(aggregation, device):
+@pytest.mark.parametrize(("sampling", "rounds"), [("neighbor", 0), ("labor", 0), ("labor", -1)])
+def test_cached_first_is_unbiased_given_the_cache_where_it_fills_up(aggregation, device, sampling, rounds):
     # one cache, 1500 samples: a row with fewer than k cached neighbours estimates its exact
-    # aggregation (all cached taken, uncached filled in with weight (d - c) / m); a row with k or
-    # more estimates its cached neighbours' part, within 4.5 standard errors
+    # aggregation (all cached taken, uncached filled in with weight (d - c) / m, or LABOR's 1/π_ts
+    # at the row's shortfall); a row with k or more estimates its cached neighbours' part, within
+    # 4.5 standard errors
     graph = random_graph(120, 700, 5)
     cache = GNSCache(graph, torch.arange(120), fraction=0.2, seed=2)
-    sampler = on_device(GNSSampler(graph, [3], cache, aggregation=aggregation), device)
+    sampler = GNSSampler(
+        graph, [3], cache, aggregation=aggregation, sampling=sampling, importance_sampling=rounds
+    )
+    sampler = on_device(sampler, device)
     seeds = torch.tensor([0, 7, 11, 42, 77, 90, 101, 119])
     h = torch.randn(120, 2, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     truth, full = _conditional_truth(graph, cache, seeds, aggregation, 3, h)
@@ -252,9 +258,35 @@ def test_cached_first_takes_cached_neighbours_first_and_keeps_weights_small():
     assert float(only.weights.max()) > 2.0  # 1/π_u > 1 for every cached neighbour
     with pytest.raises(ValueError, match="GNS rule must be one of"):
         GNSSampler(graph, [k], cache, rule="cached")
-    with pytest.raises(ValueError, match="rule='cached_only'"):
-        GNSSampler(graph, [k], cache, sampling="labor", rule="cached_first")
-    assert GNSSampler(graph, [k], cache, sampling="labor").rule == "cached_only"
+    assert GNSSampler(graph, [k], cache, sampling="labor").rule == "cached_first"
+
+
+def test_bottom_k_takes_each_rows_smallest_shared_variates_uniformly():
+    # every row keeps the min(need, d) candidates of smallest r_t, one r_t per source for all rows;
+    # so each row alone is uniform without replacement: each candidate's frequency is m / d
+    g = torch.Generator().manual_seed(3)
+    counts = torch.tensor([5, 0, 3, 8, 2])
+    src = torch.cat([torch.randperm(20, generator=g)[: int(c)] for c in counts])
+    cand = CandidateEdges(src, counts)
+    need = torch.tensor([2, 1, 3, 4, 5])
+    m = torch.minimum(need, counts)
+    hits = torch.zeros(src.numel())
+    trials = 4000
+    for seed in range(trials):
+        keep, rows, taken = bottom_k(cand, need, seed)
+        assert torch.equal(torch.bincount(rows, minlength=5), m)
+        torch.testing.assert_close(taken, (m / counts.clamp(min=1)).double()[rows])
+        bits = hash_bits(seed, src)
+        for r in range(5):
+            row = torch.nonzero(cand.rows == r).reshape(-1)
+            kept = keep[rows == r]
+            if kept.numel() and kept.numel() < row.numel():
+                rest = row[~torch.isin(row, kept)]
+                assert bits[kept].max() < bits[rest].min()  # the smallest variates of the row
+        hits[keep] += 1
+    p = (m / counts.clamp(min=1)).double()[cand.rows]
+    se = (p * (1 - p) / trials).sqrt()
+    assert ((hits / trials - p).abs() <= 4.5 * se + 1e-9).all()
 
 
 def test_sampler_pickles_with_shared_cache_and_validates_arguments():

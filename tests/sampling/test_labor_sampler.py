@@ -19,11 +19,13 @@ from lightning_mqgnn.sampling.base import Workspace
 from lightning_mqgnn.sampling.exact import edge_weights, full_block
 from lightning_mqgnn.sampling.gns import GNSCache, GNSSampler
 from lightning_mqgnn.sampling.labor import (
+    MAX_ROUNDS,
     CandidateEdges,
     LaborSampler,
     SourceIndex,
     below,
     hash_bits,
+    importance_probabilities_vectorised,
     in_edge_candidates,
     labor_probabilities,
     labor_sample,
@@ -204,6 +206,30 @@ def test_importance_probabilities_converge_and_keep_every_rows_variance():
     assert all(b <= a * (1 + 1e-6) for a, b in zip(expected, expected[1:]))
 
 
+@pytest.mark.parametrize("rounds", [0, 2, -1])
+def test_per_row_fanouts_keep_each_rows_own_variance_on_both_paths(rounds):
+    # a k per row (GNS asks the uncached part of a row for its shortfall) solves every row at its
+    # own k: eq. 22 with k_s = min(k_s, d_s); one k for every row is the tensor of that k; the
+    # compiled (CPU) and vectorised (GPU) forms agree
+    graph = community_graph(seed=2)
+    seeds = torch.arange(0, graph.num_nodes, 2)
+    cand, _ = in_edge_candidates(graph, seeds)
+    k = torch.randint(1, 7, (seeds.numel(),), generator=torch.Generator().manual_seed(4))
+    index = SourceIndex(graph.num_nodes)
+    prob = labor_probabilities(cand, k, rounds, index)
+    has = cand.counts > 0
+    lhs = torch.zeros(seeds.numel(), dtype=torch.float64).index_add_(
+        0, cand.rows, 1.0 / prob.clamp(min=1e-300)
+    )
+    k_s = torch.minimum(cand.deg, k.to(torch.float64))
+    torch.testing.assert_close(lhs[has], (cand.deg**2 / k_s)[has], rtol=1e-3, atol=0)
+    if rounds != 0:
+        vectorised = importance_probabilities_vectorised(cand, k, MAX_ROUNDS if rounds < 0 else rounds, index)
+        torch.testing.assert_close(prob, vectorised, rtol=1e-9, atol=1e-12)
+    same = labor_probabilities(cand, torch.full_like(k, 4), rounds, index)
+    torch.testing.assert_close(same, labor_probabilities(cand, 4, rounds, index), rtol=0, atol=0)
+
+
 def test_blocks_keep_destinations_as_source_prefix_and_seeded_draws_repeat():
     graph = random_graph(isolate_last=True)
     sampler = LaborSampler(graph, [4, 2], "gcn", importance_sampling=1)
@@ -340,7 +366,15 @@ def test_gns_labor_input_layer_is_unbiased_and_reads_only_cached_neighbours(aggr
     src, dst = torch.randint(0, 80, (240,), generator=g), torch.randint(0, 80, (240,), generator=g)
     graph = CSRGraph.from_edges(src, dst, 80, symmetrize=True)
     cache = GNSCache(graph, torch.arange(80), fraction=0.15, seed=2)
-    sampler = GNSSampler(graph, [3], cache, aggregation=aggregation, sampling="labor", importance_sampling=-1)
+    sampler = GNSSampler(
+        graph,
+        [3],
+        cache,
+        aggregation=aggregation,
+        sampling="labor",
+        importance_sampling=-1,
+        rule="cached_only",
+    )
 
     def draw(t, seeds):
         cache.refresh_(t + 1)
