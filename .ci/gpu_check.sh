@@ -14,6 +14,9 @@
 #             configuration (bench.py device_sampling --parts speed; <= 300 s)
 #   device    the device-sampling benchmark at its defaults: products_like scale 1.0, SALIENT's
 #             and the paper's configuration, all four loaders, host-sync census, accuracy (<= 420 s)
+#   gns       GNS against node-wise sampling on products_like_1m, SAGE and GCN, device-resident
+#             loader, one seed to early stopping: test metric, feature bytes per batch, time to
+#             node-wise's accuracy (bench.py gns; <= 420 s)
 # Results (markdown and JSON, rewritten after every measurement) go to $OUT when set, else
 # .ci/gpu_out/.
 #
@@ -27,7 +30,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT_DIR=${OUT:-.ci/gpu_out}
-STAGES=${*:-tests step pipeline sampler device}
+STAGES=${*:-tests step pipeline sampler device gns}
 mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the repository, without installing it
 export OUTDATED_IGNORE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
@@ -86,8 +89,13 @@ for stage in $STAGES; do
       # shellcheck disable=SC2086
       run_stage "device sampling benchmark" 420 "$OUT_DIR/device.txt" \
         "$PYTHON" recipes/bench.py device_sampling --out "$OUT_DIR/products_full" ${BENCH_ARGS:-} ;;
+    gns)
+      run_stage "GNS on products_like_1m" 420 "$OUT_DIR/gns.txt" \
+        "$PYTHON" recipes/bench.py gns --datasets products_like_1m --models sage,gcn --variants nodewise,gns \
+        --seeds 0 --extra "loader=device" --jsonl "$OUT_DIR/gns.jsonl" \
+        --out "$OUT_DIR/gns.md" ;;
     *)
-      echo "gpu_check: unknown stage $stage (expected tests, step, pipeline, sampler, device)" >&2
+      echo "gpu_check: unknown stage $stage (expected tests, step, pipeline, sampler, device, gns)" >&2
       exit 2 ;;
   esac
 done

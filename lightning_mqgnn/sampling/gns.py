@@ -1,23 +1,35 @@
-"""Global Neighbor Sampling (GNS, Dong et al. KDD'21): the node-wise sampler that prefers the
-device feature cache (``GNSCache``, ``sampling/feature_cache.py``).
+"""Global Neighbor Sampling (GNS, Dong et al. KDD'21, arXiv:2106.06150): a sampler whose input
+layer prefers the device feature cache (``GNSCache``, ``sampling/feature_cache.py``).
 
-Upper layers are ``NeighborSampler``'s; the input layer is where the cache is read. Two rules:
+Where it follows the paper. The cache is a fraction of the nodes drawn per period by degree or by
+short random walks (eq. 14-16 of the MQ-GNN paper), its rows resident on the device. As in the
+paper, only the input layer reads the cache (its rows are the ones gathered and moved; the upper
+layers' nodes are computed, not read); the upper layers sample as ``NeighborSampler`` or, with
+``sampling="labor"``, as ``LaborSampler``. Two rules for the input layer:
 
-- ``rule="cached_first"`` (the default with node-wise sampling; the GNS paper's Algorithm 1 as its
-  text states it, "sample cached neighbours first, fill up with uncached ones"): a destination
-  ``v`` with ``c_v`` cached of its ``d_v`` in-neighbours takes ``k`` of the cached ones uniformly
-  when ``c_v >= k``; else all ``c_v`` and ``m = min(k - c_v, d_v - c_v)`` of the uncached ones,
-  uniformly. Weights are importance weights given the cache, ``P_vu / P(u sampled | cache)``: the
-  aggregation is unbiased for every row with ``c_v < k``, and a row with ``c_v >= k`` estimates
-  the cached neighbours' part of its sum only (the stated bias: ``test_gns`` bounds it by that
-  part). No weight exceeds ``P_vu d_v``, the size of node-wise sampling's weights.
+- ``rule="cached_first"`` (the default; the paper's Algorithm 1 as its text states it, "sample
+  cached neighbours first, fill up with uncached ones"): a destination ``v`` with ``c_v`` cached of
+  its ``d_v`` in-neighbours takes ``k`` of the cached ones when ``c_v >= k``; else all ``c_v`` and
+  ``m = min(k - c_v, d_v - c_v)`` of the uncached ones. Weights are importance weights given the
+  cache, ``P_vu / P(u sampled | cache)``: the aggregation is unbiased for every row with
+  ``c_v < k``, and a row with ``c_v >= k`` estimates the cached neighbours' part of its sum only
+  (the stated bias: ``test_gns`` bounds it by that part). No weight exceeds ``P_vu d_v``, the size
+  of node-wise sampling's weights.
 - ``rule="cached_only"``: the GNS authors' code, which reads cached neighbours only, with the
   Horvitz-Thompson weight ``P_vu / (π_u q_v)`` over the cache draw (``π_u``: u's inclusion
   probability, ``q_v = sampled / cached``). Unbiased over cache draws, but a destination without a
-  cached neighbour aggregates nothing, and ``1/π_u`` reaches the hundreds: on a products-like
-  graph GCN lost half its accuracy to it (BENCHMARKS.md). With ``sampling="labor"`` every layer
-  samples as ``LaborSampler``, the input layer among the cached neighbours (``π_ts`` replaces
-  ``q_v``); LABOR is offered with this rule only.
+  cached neighbour aggregates nothing, and ``1/π_u`` reaches the hundreds (BENCHMARKS.md, GNS).
+
+Where it departs, and why. The paper draws each row's neighbours independently. Here the uncached
+fill draws one variate per uncached source for the whole layer (``hash_bits`` of a layer seed),
+and each row takes the ``m`` uncached neighbours with the smallest variates (``bottom_k``): each
+row alone is still a uniform sample without replacement, so the weights and the unbiasedness
+above are unchanged, but rows that share a neighbour take it together, and fewer distinct rows
+cross to the device (the device of LABOR, Balin & Çatalyürek 2023). With ``sampling="labor"``
+both parts are LABOR's Poisson draws with shared variates: among the cached neighbours at fan-out
+``k`` (``π_ts`` replaces ``q_v``; every cached neighbour is kept when ``c_v < k``), and among the
+uncached ones at each row's shortfall ``k - c_v`` (``labor_sample`` with a fan-out per row), with
+``importance_sampling`` rounds of LABOR's fixed point in each; weights ``P_vu / π_ts``.
 
 ``estimator="hajek"`` rescales each row's weights to the row's exact mass ``Σ_u P_vu``
 (self-normalised: consistent, not unbiased); under ``cached_first`` it turns a ``c_v >= k`` row into
@@ -52,15 +64,12 @@ RULES = ("cached_first", "cached_only")
 
 
 class GNSSampler:
-    """Node-wise sampler whose input layer prefers cached neighbours (GNS).
+    """Sampler whose input layer takes cached neighbours first (GNS; module docstring).
 
     ``fanouts`` input layer first, as ``NeighborSampler``; ``fanouts[0]`` is the input layer's
-    fan-out (-1: all). Blocks keep destinations as a source prefix. ``rule`` (module docstring):
-    ``"cached_first"`` by default, ``"cached_only"`` with ``sampling="labor"``, which samples every
-    layer with LABOR (``LaborSampler``, ``importance_sampling`` fixed-point rounds): the upper
-    layers as ``LaborSampler`` does, the input layer among each node's cached neighbours (``d_s`` =
-    cached neighbours, one shared variate per cached source), so ``π_ts`` replaces ``q_v`` in the
-    Horvitz-Thompson weight ``P_vu / (π_u π_ts)``.
+    fan-out (-1: all). Blocks keep destinations as a source prefix. ``rule``: ``"cached_first"``
+    or ``"cached_only"``; ``sampling``: ``"neighbor"`` (node-wise upper layers) or ``"labor"``
+    (every layer LABOR, ``importance_sampling`` fixed-point rounds, as ``LaborSampler``).
     """
 
     def __init__(

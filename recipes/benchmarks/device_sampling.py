@@ -82,7 +82,14 @@ CENSUS = {  # samplers whose host syncs are counted (conf/model sizes)
     "gcn 5,5": lambda g, t: NeighborSampler(g, [5, 5], "gcn"),
     "fastgcn_fd 1024,512": lambda g, t: FastGCNSampler(g, [1024, 512], flat=True, debias=True),
     "ladies_fd 1024,512": lambda g, t: LADIESSampler(g, [1024, 512], flat=True, debias=True),
-    "sage_gns 5,5": lambda g, t: GNSSampler(g, [5, 5], GNSCache(g, t, fraction=0.01, fanouts=(5, 5))),
+    "sage_gns 5,5": lambda g, t: GNSSampler(  # as conf/model/sage_gns.yaml
+        g,
+        [5, 5],
+        GNSCache(g, t, fraction=0.01, fanouts=(5, 5)),
+        sampling="labor",
+        importance_sampling=-1,
+        estimator="hajek",
+    ),
 }
 
 

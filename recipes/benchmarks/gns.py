@@ -55,7 +55,7 @@ def validation_curve(run_dir: Path) -> list[tuple[float, float, float]]:
     return sorted((*times[step], metric) for step, metric in val.items() if step in times)
 
 
-def run_one(model: str, data: str, seed: int, variant: str, timeout: float) -> dict:
+def run_one(model: str, data: str, seed: int, variant: str, extra: list[str], timeout: float) -> dict:
     """One recipe run to early stopping: its RESULT fields and validation curve, or its error."""
     overrides = [o.format(m=model) for o in VARIANTS[variant]]
     run: dict = dict(model=model, data=data, seed=seed, variant=variant)
@@ -65,6 +65,7 @@ def run_one(model: str, data: str, seed: int, variant: str, timeout: float) -> d
             str(TRAIN),
             *overrides,
             *data.split(),
+            *extra,
             f"seed={seed}",
             "trainer.enable_progress_bar=false",
             f"hydra.run.dir={run_dir}",
@@ -110,10 +111,11 @@ def table(runs: list[dict], margin: float) -> list[str]:
         target = statistics.mean(r["val"] for r in base) - margin if base else None
         base_test = statistics.mean(r["test"] for r in base) if base else None
         base_mb = statistics.mean(r["mb"] for r in base) if base else None
+        graph = data.removeprefix("data=")
         for variant, group in variants.items():
             done = [r for r in group if "error" not in r]
             if not done:
-                rows.append(f"| {data} | {model} | {variant} | failed: {group[0]['error']} |" + " |" * 8)
+                rows.append(f"| {graph} | {model} | {variant} | failed: {group[0]['error']} |" + " |" * 8)
                 continue
             test = statistics.mean(r["test"] for r in done)
             mb = statistics.mean(r["mb"] for r in done)
@@ -123,7 +125,7 @@ def table(runs: list[dict], margin: float) -> list[str]:
             hits = statistics.mean(r["hit_rate"] for r in done)
             tests = ", ".join(f"{r['test']:.3f}" for r in done)
             rows.append(
-                f"| {data} | {model} | {variant} | {tests} | {test:.3f} | "
+                f"| {graph} | {model} | {variant} | {tests} | {test:.3f} | "
                 f"{'' if base_test is None else f'{100 * (test - base_test):+.1f}'} | "
                 f"{statistics.mean(r['rows'] for r in done):,.0f} | {mb:.2f} | "
                 f"{'' if base_mb is None else f'{mb / base_mb:.2f}x'} | "
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         help="extra overrides per graph, e.g. 'products_like=data.scale=0.05' (';' between graphs)",
     )
     parser.add_argument("--models", default="sage,gcn")
+    parser.add_argument("--extra", default="", help="more recipe overrides for every run, space separated")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--margin", type=float, default=0.01, help="target: node-wise best val minus this")
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 for seed in (int(s) for s in args.seeds.split(",")):
                     if (model, data, seed, variant) in done:
                         continue
-                    run = run_one(model, data, seed, variant, args.timeout)
+                    run = run_one(model, data, seed, variant, args.extra.split(), args.timeout)
                     runs.append(run)
                     status = run.get("error") or f"test={run['test']:.4f} rows={run['rows']:.0f}"
                     print(f"{data} {model} {variant} seed={seed}: {status}", flush=True)
