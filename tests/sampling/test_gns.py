@@ -207,16 +207,22 @@ def _conditional_truth(graph, cache, seeds, aggregation, k, h):
 
 @pytest.mark.parametrize("aggregation", ["gcn", "mean"])
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("sampling", "rounds"), [("neighbor", 0), ("labor", 0), ("labor", -1)])
-def test_cached_first_is_unbiased_given_the_cache_where_it_fills_up(aggregation, device, sampling, rounds):
+@pytest.mark.parametrize(
+    ("sampling", "rounds", "fill"),
+    [("neighbor", 0, None), ("labor", 0, None), ("labor", -1, None), ("neighbor", 0, 1), ("labor", -1, 1)],
+)
+def test_cached_first_is_unbiased_given_the_cache_where_it_fills_up(
+    aggregation, device, sampling, rounds, fill
+):
     # one cache, 1500 samples: a row with fewer than k cached neighbours estimates its exact
     # aggregation (all cached taken, uncached filled in with weight (d - c) / m, or LABOR's 1/π_ts
     # at the row's shortfall); a row with k or more estimates its cached neighbours' part, within
-    # 4.5 standard errors
+    # 4.5 standard errors. With fill=1 a row takes one uncached neighbour, weighted by all those it
+    # stands for, and stays unbiased
     graph = random_graph(120, 700, 5)
     cache = GNSCache(graph, torch.arange(120), fraction=0.2, seed=2)
     sampler = GNSSampler(
-        graph, [3], cache, aggregation=aggregation, sampling=sampling, importance_sampling=rounds
+        graph, [3], cache, aggregation=aggregation, sampling=sampling, importance_sampling=rounds, fill=fill
     )
     sampler = on_device(sampler, device)
     seeds = torch.tensor([0, 7, 11, 42, 77, 90, 101, 119])
@@ -259,6 +265,17 @@ def test_cached_first_takes_cached_neighbours_first_and_keeps_weights_small():
     with pytest.raises(ValueError, match="GNS rule must be one of"):
         GNSSampler(graph, [k], cache, rule="cached")
     assert GNSSampler(graph, [k], cache, sampling="labor").rule == "cached_first"
+    with pytest.raises(ValueError, match="GNS fill must be at least 1"):
+        GNSSampler(graph, [k], cache, fill=0)
+    one = GNSSampler(graph, [k], cache, aggregation="mean", fill=1).sample(seeds).blocks[0]
+    deg = graph.in_degrees()[seeds]
+    cached = torch.tensor(
+        [int((cache.slot[graph.indices[graph.indptr[v] : graph.indptr[v + 1]]] >= 0).sum()) for v in seeds]
+    )
+    one_more = ((cached < k) & (deg > cached)).long()
+    assert torch.equal(
+        one.indptr[1:] - one.indptr[:-1], cached.clamp(max=k) + one_more
+    )  # cached ones, one more
 
 
 def test_bottom_k_takes_each_rows_smallest_shared_variates_uniformly():
