@@ -3,6 +3,7 @@
 from types import SimpleNamespace
 
 import torch
+from lightning.pytorch.loggers import Logger
 
 from lightning_mqgnn.callbacks import BatchEarlyStopping, GPUBusyMonitor, trimmed_mean
 
@@ -93,8 +94,15 @@ def test_batch_timer_and_stage_timing_agree_and_exclude_validation():
     model.validation_step = slow_validation
     timer, stages = BatchTimer(trim=0), StageTimingCallback(trim=0)
     dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [3, 3]), batch_size=100)
+    logger = RecordingLogger()
     trainer = make_trainer(
-        [timer, stages], max_epochs=2, limit_val_batches=1, val_check_interval=2, num_sanity_val_steps=0
+        [timer, stages],
+        max_epochs=2,
+        limit_val_batches=1,
+        val_check_interval=2,
+        num_sanity_val_steps=0,
+        logger=logger,
+        log_every_n_steps=1000,
     )
     trainer.fit(model, dm)
     batches = stages.records["batch_s"]
@@ -102,6 +110,37 @@ def test_batch_timer_and_stage_timing_agree_and_exclude_validation():
     assert max(timer.batch_times) < pause and max(batches) < pause
     assert max(stages.epoch_times) < 2 * pause  # each epoch validated at least twice
     assert timer.train_time < sum(timer.batch_times) + pause
+    # at every validation, logged at its metric's step: training time so far (validation out) and
+    # wall time (validation in: at least the pauses of the validations so far)
+    clocks = [(step, m) for step, m in logger.rows if "time/train_s" in m]
+    validations = [step for step, m in logger.rows if "val/metric" in m]
+    assert [step for step, _ in clocks] == validations and len(clocks) >= 4
+    for n, (_, m) in enumerate(clocks, start=1):
+        assert m["time/wall_s"] - m["time/train_s"] >= n * pause
+    train_s = [m["time/train_s"] for _, m in clocks]
+    assert all(a < b for a, b in zip(train_s, train_s[1:])) and train_s[-1] <= timer.train_time + 0.05
+
+
+class RecordingLogger(Logger):
+    """Keeps every ``log_metrics`` call as ``(step, metrics)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    @property
+    def name(self):
+        return "recording"
+
+    @property
+    def version(self):
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.append((step, dict(metrics)))
 
 
 def test_trimming_nothing_keeps_every_value():

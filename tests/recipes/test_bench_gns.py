@@ -6,9 +6,11 @@ import json
 import subprocess
 import sys
 
+import pytest
 from helpers.paths import REPO
 
 
+@pytest.mark.slow  # four recipe processes: ~45 s; the validation clocks have a fast test of their own
 def test_gns_benchmark_reads_curves_and_sets_gns_against_node_wise(tmp_path):
     jsonl = tmp_path / "runs.jsonl"
     cmd = [sys.executable, str(REPO / "recipes" / "bench.py"), "gns", "--datasets", "cora"]
