@@ -32,8 +32,8 @@ uncached ones at each row's shortfall ``k - c_v`` (``labor_sample`` with a fan-o
 ``importance_sampling`` rounds of LABOR's fixed point in each; weights ``P_vu / π_ts``. ``fill``
 caps the uncached neighbours a row takes (the paper fills up to ``k``): with ``fill=1`` a row keeps
 its cached neighbours and one uncached one, weighted by all the uncached ones it stands for, still
-unbiased given the cache, with more variance; on the benchmark graphs it kept node-wise sampling's
-accuracy while moving under half its rows (BENCHMARKS.md, GNS).
+unbiased given the cache, with more variance: on graphs of low degree under half of node-wise
+sampling's rows at its accuracy, on high-degree ones a loss of SAGE accuracy (BENCHMARKS.md, GNS).
 
 ``estimator="hajek"`` rescales each row's weights to the row's exact mass ``Σ_u P_vu``
 (self-normalised: consistent, not unbiased); under ``cached_first`` it turns a ``c_v >= k`` row into
