@@ -174,17 +174,17 @@ class GNSSampler:
         if self.rule == "cached_only":
             inv = 1.0 / (cache.inclusion[nbrs] * taken)  # Horvitz-Thompson over cache draw and sample
         else:
-            short, fill, need = uncached_candidates(
+            short, uncached, need = uncached_candidates(
                 g, cache.slot, dst, deg, cached_count, self.fanouts[0], self.fill
             )
             if self.sampling == "labor":
                 keep, fill_rows, fill_taken = labor_sample(
-                    fill, need, self.importance_sampling, self._sources, seed
+                    uncached, need, self.importance_sampling, self._sources, seed
                 )
             else:
-                keep, fill_rows, fill_taken = bottom_k(fill, need, seed)
+                keep, fill_rows, fill_taken = bottom_k(uncached, need, seed)
             rows, order = torch.sort(torch.cat([rows, short[fill_rows]]), stable=True)
-            nbrs = torch.cat([nbrs, fill.src[keep]])[order]
+            nbrs = torch.cat([nbrs, uncached.src[keep]])[order]
             inv = (1.0 / torch.cat([taken, fill_taken]))[order]  # importance weight given the cache
             counts = torch.bincount(rows, minlength=dst.numel())
         src_nodes, local = self._relabel(dst, nbrs)
