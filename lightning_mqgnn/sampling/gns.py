@@ -29,11 +29,13 @@ cross to the device (the device of LABOR, Balin & Çatalyürek 2023). With ``sam
 both parts are LABOR's Poisson draws with shared variates: among the cached neighbours at fan-out
 ``k`` (``π_ts`` replaces ``q_v``; every cached neighbour is kept when ``c_v < k``), and among the
 uncached ones at each row's shortfall ``k - c_v`` (``labor_sample`` with a fan-out per row), with
-``importance_sampling`` rounds of LABOR's fixed point in each; weights ``P_vu / π_ts``. ``fill``
-caps the uncached neighbours a row takes (the paper fills up to ``k``): with ``fill=1`` a row keeps
-its cached neighbours and one uncached one, weighted by all the uncached ones it stands for, still
-unbiased given the cache, with more variance: on graphs of low degree under half of node-wise
-sampling's rows at its accuracy, on high-degree ones a loss of SAGE accuracy (BENCHMARKS.md, GNS).
+``importance_sampling`` rounds of LABOR's fixed point in each; weights ``P_vu / π_ts``. The paper
+fills each row up to ``k``; ``fill_weight`` ``w`` caps a row's fill at ``ceil((d_v - c_v) / w)``,
+at least one: no drawn uncached neighbour stands for more than about ``w`` of them (its weight is
+``P_vu (d_v - c_v) / m``), so rows of low degree take one or two while rows whose neighbours are
+many keep the full fill. Still unbiased given the cache, with more variance on the capped rows;
+the models ship ``w = 10``, which halves node-wise sampling's rows on graphs of low degree where
+the full fill moves two thirds of them (BENCHMARKS.md, GNS).
 
 ``estimator="hajek"`` rescales each row's weights to the row's exact mass ``Σ_u P_vu``
 (self-normalised: consistent, not unbiased); under ``cached_first`` it turns a ``c_v >= k`` row into
@@ -73,8 +75,9 @@ class GNSSampler:
     ``fanouts`` input layer first, as ``NeighborSampler``; ``fanouts[0]`` is the input layer's
     fan-out (-1: all). Blocks keep destinations as a source prefix. ``rule``: ``"cached_first"``
     or ``"cached_only"``; ``sampling``: ``"neighbor"`` (node-wise upper layers) or ``"labor"``
-    (every layer LABOR, ``importance_sampling`` fixed-point rounds, as ``LaborSampler``); ``fill``:
-    the most uncached neighbours a row takes under ``cached_first`` (None: up to the fan-out).
+    (every layer LABOR, ``importance_sampling`` fixed-point rounds, as ``LaborSampler``); ``fill_weight``:
+    under ``cached_first``, one uncached neighbour per ``fill_weight`` of them at most (at least one;
+    None: up to the fan-out, as the paper).
     """
 
     def __init__(
@@ -88,10 +91,12 @@ class GNSSampler:
         sampling: str = "neighbor",
         importance_sampling: int = 0,
         rule: str = "cached_first",
-        fill: int | None = None,
+        fill_weight: float | None = None,
     ):
-        if fill is not None and fill < 1:
-            raise ValueError(f"GNS fill must be at least 1 (or None: up to the fan-out), got {fill}")
+        if fill_weight is not None and not fill_weight >= 1:
+            raise ValueError(
+                f"GNS fill_weight must be at least 1 (or None: fill up to the fan-out), got {fill_weight}"
+            )
         if rule not in RULES:
             raise ValueError(f"GNS rule must be one of {RULES}, got {rule!r}")
         if sampling not in LAYER_SAMPLING:
@@ -120,7 +125,7 @@ class GNSSampler:
         self.num_layers = len(fanouts)
         self.sampling = sampling
         self.rule = rule
-        self.fill = fill
+        self.fill_weight = fill_weight
         self.importance_sampling = int(importance_sampling)
         self._upper = None
         if len(fanouts) > 1 and sampling == "labor":
@@ -175,7 +180,7 @@ class GNSSampler:
             inv = 1.0 / (cache.inclusion[nbrs] * taken)  # Horvitz-Thompson over cache draw and sample
         else:
             short, uncached, need = uncached_candidates(
-                g, cache.slot, dst, deg, cached_count, self.fanouts[0], self.fill
+                g, cache.slot, dst, deg, cached_count, self.fanouts[0], self.fill_weight
             )
             if self.sampling == "labor":
                 keep, fill_rows, fill_taken = labor_sample(
@@ -220,16 +225,17 @@ def uncached_candidates(
     deg: Tensor,
     cached_count: Tensor,
     fanout: int,
-    fill: int | None = None,
+    fill_weight: float | None = None,
 ) -> tuple[Tensor, CandidateEdges, Tensor]:
     """What fills each destination's sample up to ``fanout`` (-1: all) when fewer of its
     neighbours are cached: ``(short, candidates, need)``, the destinations (positions in ``dst``)
     with uncached neighbours and a shortfall, their uncached neighbours grouped by row, and each
-    row's shortfall ``fanout - c_v`` (int64), at most ``fill``. Reads the whole rows of these
-    destinations only."""
+    row's fill (int64): its shortfall ``fanout - c_v``, or with ``fill_weight`` ``w`` at most
+    ``ceil((d_v - c_v) / w)`` (at least one). Reads the whole rows of these destinations only."""
     need = deg - cached_count if fanout < 0 else (fanout - cached_count).clamp(min=0)
-    if fill is not None:
-        need = need.clamp(max=fill)
+    if fill_weight is not None:
+        stands_for = torch.ceil((deg - cached_count).to(torch.float64) / fill_weight).to(torch.int64)
+        need = torch.minimum(need, stands_for.clamp(min=1))
     short = torch.nonzero((need > 0) & (deg > cached_count)).reshape(-1)
     starts = graph.indptr.index_select(0, dst.index_select(0, short))
     row_deg = deg.index_select(0, short)
@@ -270,7 +276,7 @@ def gns_sampler(
     sampling: str = "neighbor",
     importance_sampling: int = 0,
     rule: str = "cached_first",
-    fill: int | None = None,
+    fill_weight: float | None = None,
 ) -> GNSSampler:
     """A ``GNSSampler`` with its own cache over ``graph``'s training split, for configs: the
     recipe hands ``sampler.cache`` to the DataModule, which refreshes it and keeps it resident."""
@@ -284,5 +290,5 @@ def gns_sampler(
         sampling=sampling,
         importance_sampling=importance_sampling,
         rule=rule,
-        fill=fill,
+        fill_weight=fill_weight,
     )

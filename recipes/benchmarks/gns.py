@@ -6,9 +6,10 @@ Every run is ``recipes/train.py`` to early stopping in a fresh process, one afte
 accuracy is a timing: run it on a quiet machine). Variants (``--variants``):
 
 - ``nodewise``: ``model=<m>``, node-wise sampling, every input row gathered and moved;
-- ``gns``: ``model=<m>_gns`` as shipped (1% cache, cached neighbours first, the rest of the fan-out
-  filled with uncached ones, LABOR-* layers);
-- ``gns_fill1``: the same with one uncached neighbour per node (``model.sampler.fill=1``);
+- ``gns``: ``model=<m>_gns`` as shipped (1% cache, cached neighbours first, uncached ones filling
+  up to the fan-out with one per ``fill_weight`` of them at most, LABOR-* layers);
+- ``gns_full``: the same filled up to the fan-out, as the paper (``model.sampler.fill_weight=null``);
+- ``gns_fill1``: the same with one uncached neighbour per node (``model.sampler.fill_weight=inf``);
 - ``gns_neighbor``: ``gns`` with node-wise layers (``model.sampler.sampling=neighbor``);
 - ``cached_only``: the GNS authors' rule, cached neighbours only, node-wise upper layer;
 - ``labor_star``: ``model=labor_star_<m>``, LABOR-* without a cache (what the cache adds).
@@ -37,7 +38,8 @@ TRAIN = Path(__file__).resolve().parents[1] / "train.py"
 VARIANTS = {
     "nodewise": ["model={m}", "loader.aggregate_inputs=false"],
     "gns": ["model={m}_gns"],
-    "gns_fill1": ["model={m}_gns", "model.sampler.fill=1"],
+    "gns_full": ["model={m}_gns", "model.sampler.fill_weight=null"],
+    "gns_fill1": ["model={m}_gns", "model.sampler.fill_weight=inf"],
     "gns_neighbor": ["model={m}_gns", "model.sampler.sampling=neighbor"],
     "cached_only": ["model={m}_gns", "model.sampler.sampling=neighbor", "model.sampler.rule=cached_only"],
     "labor_star": ["model=labor_star_{m}", "loader.aggregate_inputs=false"],

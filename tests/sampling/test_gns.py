@@ -3,6 +3,7 @@ unbiased Horvitz-Thompson aggregation, gathering only uncached rows, hit rate.""
 
 from __future__ import annotations
 
+import math
 import pickle
 
 import pytest
@@ -208,21 +209,34 @@ def _conditional_truth(graph, cache, seeds, aggregation, k, h):
 @pytest.mark.parametrize("aggregation", ["gcn", "mean"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    ("sampling", "rounds", "fill"),
-    [("neighbor", 0, None), ("labor", 0, None), ("labor", -1, None), ("neighbor", 0, 1), ("labor", -1, 1)],
+    ("sampling", "rounds", "fill_weight"),
+    [
+        ("neighbor", 0, None),
+        ("labor", 0, None),
+        ("labor", -1, None),
+        ("neighbor", 0, 2.0),
+        ("neighbor", 0, math.inf),
+        ("labor", -1, math.inf),
+    ],
 )
 def test_cached_first_is_unbiased_given_the_cache_where_it_fills_up(
-    aggregation, device, sampling, rounds, fill
+    aggregation, device, sampling, rounds, fill_weight
 ):
     # one cache, 1500 samples: a row with fewer than k cached neighbours estimates its exact
     # aggregation (all cached taken, uncached filled in with weight (d - c) / m, or LABOR's 1/π_ts
     # at the row's shortfall); a row with k or more estimates its cached neighbours' part, within
-    # 4.5 standard errors. With fill=1 a row takes one uncached neighbour, weighted by all those it
-    # stands for, and stays unbiased
+    # 4.5 standard errors. With a fill_weight a row takes fewer uncached neighbours (one with an
+    # infinite one), each weighted by all those it stands for, and stays unbiased
     graph = random_graph(120, 700, 5)
     cache = GNSCache(graph, torch.arange(120), fraction=0.2, seed=2)
     sampler = GNSSampler(
-        graph, [3], cache, aggregation=aggregation, sampling=sampling, importance_sampling=rounds, fill=fill
+        graph,
+        [3],
+        cache,
+        aggregation=aggregation,
+        sampling=sampling,
+        importance_sampling=rounds,
+        fill_weight=fill_weight,
     )
     sampler = on_device(sampler, device)
     seeds = torch.tensor([0, 7, 11, 42, 77, 90, 101, 119])
@@ -265,17 +279,22 @@ def test_cached_first_takes_cached_neighbours_first_and_keeps_weights_small():
     with pytest.raises(ValueError, match="GNS rule must be one of"):
         GNSSampler(graph, [k], cache, rule="cached")
     assert GNSSampler(graph, [k], cache, sampling="labor").rule == "cached_first"
-    with pytest.raises(ValueError, match="GNS fill must be at least 1"):
-        GNSSampler(graph, [k], cache, fill=0)
-    one = GNSSampler(graph, [k], cache, aggregation="mean", fill=1).sample(seeds).blocks[0]
+    for bad in (0.5, math.nan):
+        with pytest.raises(ValueError, match="GNS fill_weight must be at least 1"):
+            GNSSampler(graph, [k], cache, fill_weight=bad)
     deg = graph.in_degrees()[seeds]
     cached = torch.tensor(
         [int((cache.slot[graph.indices[graph.indptr[v] : graph.indptr[v + 1]]] >= 0).sum()) for v in seeds]
     )
-    one_more = ((cached < k) & (deg > cached)).long()
-    assert torch.equal(
-        one.indptr[1:] - one.indptr[:-1], cached.clamp(max=k) + one_more
-    )  # cached ones, one more
+    short = (cached < k) & (deg > cached)
+    for weight, fill in [
+        (math.inf, torch.ones_like(deg)),  # one uncached neighbour, standing for all of them
+        (3.0, torch.div(deg - cached + 2, 3, rounding_mode="floor")),  # one per 3 uncached ones
+    ]:
+        block = GNSSampler(graph, [k], cache, aggregation="mean", fill_weight=weight).sample(seeds).blocks[0]
+        fill = torch.minimum(fill.clamp(min=1), k - cached) * short
+        assert torch.equal(block.indptr[1:] - block.indptr[:-1], cached.clamp(max=k) + fill), weight
+        assert (fill < (k - cached).clamp(min=0) * short).any()  # the cap binds on some rows
 
 
 def test_bottom_k_takes_each_rows_smallest_shared_variates_uniformly():
