@@ -109,7 +109,7 @@ def table(runs: list[dict], margin: float) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple[str, str], dict[str, list[dict]]] = {}
-    for run in runs:
+    for run in sorted(runs, key=lambda r: r["seed"]):  # a resumed JSONL may hold them out of order
         groups.setdefault((run["data"], run["model"]), {}).setdefault(run["variant"], []).append(run)
     for (data, model), variants in groups.items():
         base = [r for r in variants.get("nodewise", []) if "error" not in r]
