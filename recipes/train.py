@@ -25,6 +25,7 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from typing_extensions import override
@@ -38,10 +39,13 @@ from lightning_mqgnn.callbacks import (
     PeakMemoryMonitor,
     StageTimingCallback,
 )
-from lightning_mqgnn.strategy import MQGNNStrategy  # also registers "mqgnn"
+from lightning_mqgnn.callbacks.last_checkpoint import LAST_CHECKPOINT
+from lightning_mqgnn.fullgraph.strategy_base import FullGraphStrategyBase
+from lightning_mqgnn.strategy import AtomicCheckpointIO, CheckpointError, MQGNNStrategy  # registers "mqgnn"
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
+RUN_CONFIG = "run_config.yaml"  # the config a run started with, in its checkpoints folder
 
 
 class RecipeError(Exception):
@@ -145,32 +149,35 @@ def train(cfg: DictConfig) -> dict[str, float]:
     else:
         datamodule = sampled_datamodule(cfg, loader, dataset, module)
         batches = datamodule_batches(datamodule, world)
+    run_checkpoints = Path(cfg.trainer.get("default_root_dir") or ".") / "checkpoints"
+    ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_checkpoints)
     resume = None
-    if cfg.ckpt_path is not None:
+    if ckpt_path is not None:
         if full_graph:
             raise RecipeError(
-                f"ckpt_path={cfg.ckpt_path}: full-graph strategies do not resume (their stale halo and "
+                f"ckpt_path={ckpt_path}: full-graph strategies do not resume (their stale halo and "
                 "activation buffers are not in a checkpoint); sampled training does"
             )
         if not epoch_bounded(cfg):
             raise RecipeError(
-                f"ckpt_path={cfg.ckpt_path}: only a run bounded by epochs resumes (Lightning resumes a "
+                f"ckpt_path={ckpt_path}: only a run bounded by epochs resumes (Lightning resumes a "
                 f"step-bounded run's epoch-end checkpoint one batch off), not trainer.max_steps="
                 f"{cfg.trainer.max_steps}: start and resume it with trainer.max_steps=null (the recipe's "
                 "cap, step_cap) or -1, and trainer.max_epochs=N"
             )
         steps_per_epoch = math.ceil(batches / int(cfg.trainer.get("accumulate_grad_batches") or 1))
-        resume = checked_resume_checkpoint(cfg, dict(module.hparams), steps_per_epoch)
+        resume = checked_resume_checkpoint(cfg, ckpt_path, dict(module.hparams), steps_per_epoch)
         quiet_resumed_checkpoint_dir(resume.parent)
     # a resumed run goes on writing checkpoints where it wrote them before, so ModelCheckpoint keeps
     # its best score and file
-    checkpoint_dir = (
-        resume.parent
-        if resume is not None
-        else Path(cfg.trainer.get("default_root_dir") or ".") / "checkpoints"
-    )
+    checkpoint_dir = resume.parent if resume is not None else run_checkpoints
     # only an epoch-bounded run writes one (LastCheckpoint): trainer.max_steps bounds the others by steps
     last_checkpoint = not full_graph and cfg.last_checkpoint_every_s is not None and epoch_bounded(cfg)
+    if last_checkpoint and resume is None and rank_zero_only.rank == 0:
+        # how the run was started, beside the checkpoint that resumes it (Hydra rewrites
+        # <run>/.hydra/config.yaml when a job restarts in the same folder)
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, checkpoint_dir / RUN_CONFIG)
     log_every = logging_interval(cfg, batches)
     callbacks = recipe_callbacks(cfg, strategy, checkpoint_dir, last_checkpoint, log_every)
     timer, gpu_busy, checkpoint, memory = callbacks[:4]
@@ -179,6 +186,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         cfg.trainer,
         callbacks=callbacks,
         strategy=strategy,
+        plugins=checkpoint_plugins(strategy),
         log_every_n_steps=log_every,
         **run_length(cfg, batches),
         **validation_schedule(cfg.val_every_batches, batches),
@@ -215,12 +223,39 @@ def train(cfg: DictConfig) -> dict[str, float]:
     return result
 
 
-def checked_resume_checkpoint(cfg: DictConfig, hparams: dict, steps_per_epoch: int) -> Path:
-    """The checkpoint ``cfg.ckpt_path`` names, once it is known to continue this run: of a run
+def checkpoint_plugins(strategy) -> list:
+    """Checkpoints whole or not at all, whatever the strategy: this package's strategies write with
+    ``AtomicCheckpointIO`` already (Lightning refuses a second one), any other gets it as a plugin."""
+    ours = isinstance(strategy, (MQGNNStrategy, FullGraphStrategyBase))
+    return [] if ours else [AtomicCheckpointIO()]
+
+
+def resolve_ckpt_path(ckpt_path: str | None, run_checkpoints: Path) -> str | None:
+    """The checkpoint to resume: ``ckpt_path`` as given, or for ``auto`` the run folder's own
+    ``checkpoints/last.ckpt`` when there is one (a job restarted in the same ``hydra.run.dir``,
+    by a scheduler's requeue or ``torchrun --max-restarts``) and None when there is none yet."""
+    if ckpt_path != "auto":
+        return ckpt_path
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if restarts > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        rank_zero_warn(
+            "torchrun shares its rendezvous store with the process group, so a restarted group reads "
+            "the addresses of the group before and fails to connect (torch issue 135712): launch "
+            "torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for --max-restarts to resume the run"
+        )
+    last = run_checkpoints / LAST_CHECKPOINT
+    if not last.is_file():
+        rank_zero_info(f"ckpt_path=auto: no {last} yet, starting the run")
+        return None
+    rank_zero_info(f"ckpt_path=auto: resuming from {last}")
+    return str(last)
+
+
+def checked_resume_checkpoint(cfg: DictConfig, path: str, hparams: dict, steps_per_epoch: int) -> Path:
+    """The checkpoint ``path`` (the run's ``ckpt_path``), once it is known to continue this run: of a run
     started with the same settings (``check_same_run``), a Lightning checkpoint, written by a model
     of the same hyperparameters, at an epoch's end (``last.ckpt``; ``best.ckpt`` is written
     wherever validation ran)."""
-    path = str(cfg.ckpt_path)
     file = Path(path)
     if not file.is_file():
         raise RecipeError(
@@ -275,9 +310,9 @@ RUN_DEFINING = (
 def check_same_run(cfg: DictConfig, checkpoint: Path) -> None:
     """Refuse to resume a run under other ``RUN_DEFINING`` settings than it was started with
     (another batch size or fan-out would train on other batches without a word), read from the
-    config Hydra saved in the run's folder (``<run>/.hydra/config.yaml``, beside
-    ``<run>/checkpoints``); a checkpoint moved out of its run folder is not checked."""
-    saved_file = checkpoint.parent.parent / ".hydra" / "config.yaml"
+    config the run saved beside its checkpoints (``RUN_CONFIG``); a checkpoint moved away from it
+    is not checked."""
+    saved_file = checkpoint.parent / RUN_CONFIG
     if not saved_file.is_file():
         return
     saved = OmegaConf.to_container(OmegaConf.load(saved_file), resolve=False)
@@ -423,6 +458,9 @@ def main(cfg: DictConfig) -> None:
     except (RecipeError, ValueError, FileNotFoundError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except CheckpointError as err:  # not the input's fault: the disk's, or a file damaged since
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except (InstantiationException, OmegaConfBaseException) as err:
         cause = err.__cause__ or err
         print(f"error: {str(cause).splitlines()[0]}", file=sys.stderr, flush=True)

@@ -15,6 +15,8 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from lightning_mqgnn.strategy.checkpoint_io import AtomicCheckpointIO
+
 LAST_CHECKPOINT = "last.ckpt"
 
 
@@ -53,7 +55,8 @@ class LastCheckpoint(Checkpoint):
 
     Only epoch ends: Lightning resumes mid-epoch only from loaders that can skip to a batch, and a
     resumed fit would otherwise train on part of an epoch twice. The file is written beside the old
-    one and renamed over it, so an interruption while writing leaves the previous checkpoint whole.
+    one and renamed over it (by ``AtomicCheckpointIO`` where the strategy writes with it, else
+    here), so an interruption while writing leaves the previous checkpoint whole.
     The checkpoint also holds the random generators' states (``generator_states``), restored on
     resume, so a resumed fit draws the same dropout masks as one that ran through; with
     per-batch-seeded sampling (``MQGNNDataModule``) it then trains bit for bit like it. Only a fit
@@ -106,14 +109,17 @@ class LastCheckpoint(Checkpoint):
 
     def save(self, trainer: pl.Trainer) -> None:
         """Write ``last.ckpt`` now, whole or not at all (every rank calls this together)."""
-        partial = self.path.with_name(self.path.name + ".partial")
+        # AtomicCheckpointIO writes whole files itself (and names the file in its errors); under
+        # any other, the file is written beside the old one and renamed over it here
+        atomic = isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+        target = self.path if atomic else self.path.with_name(self.path.name + ".partial")
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
         # the whole state, optimiser and loops included, to resume from; ends with a barrier:
         # rank 0 has written the file
-        trainer.save_checkpoint(partial, weights_only=False)
-        if trainer.is_global_zero:
-            os.replace(partial, self.path)
+        trainer.save_checkpoint(target, weights_only=False)
+        if trainer.is_global_zero and not atomic:
+            os.replace(target, self.path)
         self._last_write = time.monotonic()
 
     @override

@@ -18,6 +18,8 @@ from typing_extensions import override
 
 from lightning_mqgnn.fullgraph.batch import PartitionBatch
 from lightning_mqgnn.fullgraph.transport import Transport
+from lightning_mqgnn.strategy.checkpoint_io import AtomicCheckpointIO
+from lightning_mqgnn.strategy.process_group import destroy_process_group_at_exit
 
 TransportFactory = Callable[..., Transport]
 
@@ -38,6 +40,7 @@ class FullGraphStrategyBase(DDPStrategy):
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("checkpoint_io", AtomicCheckpointIO())
         super().__init__(**kwargs)
         self.halo_timeout_s = float(halo_timeout_s)
         self.transport_factory = transport or Transport
@@ -48,6 +51,11 @@ class FullGraphStrategyBase(DDPStrategy):
         self.epoch_bytes: list[int] = []
         self.epoch_losses: list[float] = []
         self.epoch_times: list[float] = []
+
+    @override
+    def setup_distributed(self) -> None:
+        super().setup_distributed()
+        destroy_process_group_at_exit()
 
     @override
     def setup(self, trainer: Trainer) -> None:

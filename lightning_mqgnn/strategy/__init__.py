@@ -2,6 +2,7 @@
 
 from lightning.pytorch.strategies import StrategyRegistry
 
+from lightning_mqgnn.strategy.checkpoint_io import AtomicCheckpointIO, CheckpointError
 from lightning_mqgnn.strategy.comm import CommStats
 from lightning_mqgnn.strategy.mqgnn import CHECKPOINT_KEY, MQGNNStrategy
 from lightning_mqgnn.strategy.sync_period import (
@@ -22,6 +23,8 @@ register_strategies()
 
 __all__ = [
     "CHECKPOINT_KEY",
+    "AtomicCheckpointIO",
+    "CheckpointError",
     "DEFAULT_SYNC_SCALE",
     "FALLBACK_SYNC_PERIOD",
     "CommStats",

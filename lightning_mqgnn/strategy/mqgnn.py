@@ -21,6 +21,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_mqgnn.strategy.checkpoint_io import AtomicCheckpointIO
 from lightning_mqgnn.strategy.comm import AllReduce, CommStats, Reducer
 from lightning_mqgnn.strategy.gradient_queue import GradientQueue
 from lightning_mqgnn.strategy.model_sync import (
@@ -29,6 +30,7 @@ from lightning_mqgnn.strategy.model_sync import (
     gather_buffers,
     sync_tensors,
 )
+from lightning_mqgnn.strategy.process_group import destroy_process_group_at_exit
 from lightning_mqgnn.strategy.sync_period import (
     DEFAULT_SYNC_SCALE,
     FALLBACK_SYNC_PERIOD,
@@ -62,7 +64,8 @@ class MQGNNStrategy(DDPStrategy):
     rank-local and averaged at every model sync; with ``broadcast_buffers=True`` (the default, as in DDP)
     rank 0's buffers are broadcast before every validation, test and predict loop and at the end of fit,
     so evaluation and the fitted model are identical on every rank. Checkpoints carry every rank's
-    buffers, so resuming reproduces the uninterrupted run bit for bit.
+    buffers, so resuming reproduces the uninterrupted run bit for bit. Checkpoints are written with
+    ``AtomicCheckpointIO`` unless ``checkpoint_io`` says otherwise: whole or not at all.
 
     Manual optimisation works at every staleness; at ``staleness > 0`` each ``optimizer.step()`` pushes the
     gradients ``manual_backward`` left in ``.grad`` into that optimiser's queue and applies the averaged
@@ -108,6 +111,7 @@ class MQGNNStrategy(DDPStrategy):
             )
         if not sync_scale > 0:
             raise ValueError(f"MQGNNStrategy: sync_scale must be > 0, got {sync_scale!r}")
+        kwargs.setdefault("checkpoint_io", AtomicCheckpointIO())
         super().__init__(**kwargs)
         unsupported = sorted(set(self._ddp_kwargs) - _QUEUE_DDP_KWARGS)
         if staleness > 0 and unsupported:
@@ -147,6 +151,11 @@ class MQGNNStrategy(DDPStrategy):
                 "precision='bf16-mixed' or '32-true', or staleness=0"
             )
         super().connect(model)
+
+    @override
+    def setup_distributed(self) -> None:
+        super().setup_distributed()
+        destroy_process_group_at_exit()
 
     @override
     def setup(self, trainer: Trainer) -> None:

@@ -1,11 +1,12 @@
 """The Hydra recipe end to end, and its one-line errors on bad input."""
 
 import shutil
+import subprocess
 import time
 
 import numpy as np
 import pytest
-from helpers.recipe import assert_one_error_line, result_fields, run_recipe
+from helpers.recipe import TRAIN, assert_one_error_line, result_fields, run_recipe
 
 
 def test_default_recipe_trains_on_the_generated_graph(tmp_path):
@@ -325,3 +326,46 @@ def test_a_resumed_two_rank_run_trains_as_one_that_ran_through(tmp_path, strateg
         assert proc.returncode == 0, proc.stderr[-3000:]
     _last_checkpoints_equal(tmp_path / "through" / "checkpoints" / "last.ckpt", last)
     assert result_fields(through.stdout)["test"] == result_fields(resumed.stdout)["test"]
+
+
+def test_ckpt_path_auto_starts_a_run_then_resumes_it_in_its_folder(resumed_runs, tmp_path):
+    """The same command twice in one folder, as a requeued job runs it: the first starts (no
+    checkpoint yet), the second resumes its last.ckpt and ends as the run that went straight
+    through; the settings it was started with are still checked (Hydra rewrites the folder's
+    .hydra/config.yaml on the second start)."""
+    root, through, _ = resumed_runs
+    job = tmp_path / "job"
+    first = run_recipe(job, *RESUME, "trainer.max_epochs=2", "ckpt_path=auto")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "ckpt_path=auto: no " in first.stderr and "starting the run" in first.stderr
+    again = run_recipe(job, *RESUME, "trainer.max_epochs=4", "ckpt_path=auto")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"ckpt_path=auto: resuming from {job / 'checkpoints' / 'last.ckpt'}" in again.stderr
+    _last_checkpoints_equal(root / "through" / "checkpoints" / "last.ckpt", job / "checkpoints" / "last.ckpt")
+    assert result_fields(through.stdout)["test"] == result_fields(again.stdout)["test"]
+    other = run_recipe(job, *RESUME, "trainer.max_epochs=4", "ckpt_path=auto", "loader.batch_size=300")
+    assert_one_error_line(other, "other settings", "loader.batch_size=512 (this run: 300)")
+
+
+def test_a_checkpoint_the_disk_cannot_hold_is_one_error_line(tmp_path):
+    """A file-size limit below a checkpoint's size stands for a full disk: the run stops at its
+    first checkpoint with one line naming the file, exit status 1, no partial file left."""
+    import resource
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512 * 1024, resource.RLIM_INFINITY))
+
+    cmd = [
+        *TRAIN,
+        *RESUME,
+        "trainer.max_epochs=2",
+        "trainer.enable_progress_bar=false",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"error: checkpoint {tmp_path / 'checkpoints'}" in errors[0] and "writing it failed" in errors[0]
+    assert "no earlier checkpoint is there" in errors[0]
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.suffix == ".partial"]
