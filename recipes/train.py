@@ -16,12 +16,14 @@ import math
 import os
 import re
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
 import hydra
 import lightning.pytorch as pl
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
@@ -41,7 +43,7 @@ from lightning_mqgnn.callbacks import (
 )
 from lightning_mqgnn.callbacks.last_checkpoint import LAST_CHECKPOINT
 from lightning_mqgnn.fullgraph.strategy_base import FullGraphStrategyBase
-from lightning_mqgnn.strategy import AtomicCheckpointIO, CheckpointError, MQGNNStrategy  # registers "mqgnn"
+from lightning_mqgnn.strategy import AtomicCheckpointIO, CheckpointError, MQGNNStrategy, RankFailure
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -460,6 +462,11 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     except CheckpointError as err:  # not the input's fault: the disk's, or a file damaged since
         print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except RankFailure as err:  # the line says what happened; the traceback goes to the run's folder
+        log = Path(HydraConfig.get().runtime.output_dir) / f"error_rank{err.rank}.log"
+        log.write_text("".join(traceback.format_exception(err)))
+        print(f"error: {err} (traceback: {log})", file=sys.stderr, flush=True)
         sys.exit(1)
     except (InstantiationException, OmegaConfBaseException) as err:
         cause = err.__cause__ or err

@@ -5,6 +5,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 from lightning_mqgnn.strategy.checkpoint_io import AtomicCheckpointIO, CheckpointError
 from lightning_mqgnn.strategy.comm import CommStats
 from lightning_mqgnn.strategy.mqgnn import CHECKPOINT_KEY, MQGNNStrategy
+from lightning_mqgnn.strategy.rank_failure import RankFailure
 from lightning_mqgnn.strategy.sync_period import (
     DEFAULT_SYNC_SCALE,
     FALLBACK_SYNC_PERIOD,
@@ -30,6 +31,7 @@ __all__ = [
     "CommStats",
     "GraphSize",
     "MQGNNStrategy",
+    "RankFailure",
     "graph_size_from_datamodule",
     "register_strategies",
     "sync_period",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,6 +32,7 @@ from lightning_mqgnn.strategy.model_sync import (
     sync_tensors,
 )
 from lightning_mqgnn.strategy.process_group import destroy_process_group_at_exit
+from lightning_mqgnn.strategy.rank_failure import RankFailure, collective_phase
 from lightning_mqgnn.strategy.sync_period import (
     DEFAULT_SYNC_SCALE,
     FALLBACK_SYNC_PERIOD,
@@ -192,8 +194,16 @@ class MQGNNStrategy(DDPStrategy):
 
     @override
     def teardown(self) -> None:
-        for queue in self._queues.values():
-            queue.clear()  # in-flight all-reduces must finish before the process group goes away
+        # in-flight all-reduces must finish before the process group goes away; when a rank has
+        # failed and Lightning tears down on that error, theirs fail too: the first error stands
+        failing = sys.exc_info()[1] is not None
+        try:
+            with collective_phase("gradient-queue reduction"):
+                for queue in self._queues.values():
+                    queue.clear()
+        except RankFailure:
+            if not failing:
+                raise
         self._queues = {}
         self._reducer = None
         super().teardown()
@@ -204,6 +214,37 @@ class MQGNNStrategy(DDPStrategy):
         state["_reducer"] = None
         state["_queues"] = {}
         return state
+
+    # ----------------------------------------------------------------- Lightning's collectives
+    def _loop_phase(self) -> str:
+        trainer = None if self.lightning_module is None else self.lightning_module._trainer
+        if trainer is None:
+            return "collective"
+        if trainer.sanity_checking or trainer.validating:
+            return "validation"
+        return {"test": "test", "predict": "prediction"}.get(str(trainer.state.stage), "training")
+
+    @override
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        name = args[0] if args else kwargs.get("name")
+        phase = "checkpoint" if name is not None and "checkpoint" in str(name) else self._loop_phase()
+        with collective_phase(phase):
+            super().barrier(*args, **kwargs)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        with collective_phase(self._loop_phase()):
+            return super().broadcast(obj, src)
+
+    @override
+    def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
+        with collective_phase(self._loop_phase()):
+            return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    @override
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+        with collective_phase(self._loop_phase()):
+            return super().all_gather(tensor, group=group, sync_grads=sync_grads)
 
     # ----------------------------------------------------------------- buffer policy (staleness > 0)
     def _broadcast_buffers_from_rank_zero(self) -> None:
@@ -278,7 +319,8 @@ class MQGNNStrategy(DDPStrategy):
         stats.steps += 1
         if self.staleness == 0:  # DDP's reducer has averaged the gradients during backward
             stats.applied_steps += 1
-            return super().optimizer_step(optimizer, closure, model, **kwargs)
+            with collective_phase("gradient all-reduce"):
+                return super().optimizer_step(optimizer, closure, model, **kwargs)
 
         queue = self._get_queue(optimizer)
         calls = 0
@@ -294,9 +336,10 @@ class MQGNNStrategy(DDPStrategy):
                 )
             # automatic optimisation: forward + backward; manual: the user's manual_backward already ran
             result = closure()
-            queue.push()  # start the asynchronous all-reduce of this step (eq. 20-21)
-            if queue.ready():  # the step `staleness` steps ago is due: .grad <- its average
-                stats.grad_wait_s += queue.apply_oldest()
+            with collective_phase("gradient-queue reduction"):
+                queue.push()  # start the asynchronous all-reduce of this step (eq. 20-21)
+                if queue.ready():  # the step `staleness` steps ago is due: .grad <- its average
+                    stats.grad_wait_s += queue.apply_oldest()
             return result
 
         if len(queue) + 1 > self.staleness:
@@ -315,7 +358,7 @@ class MQGNNStrategy(DDPStrategy):
         assert self.lightning_module is not None
         start = time.perf_counter()
         tensors = sync_tensors(self.lightning_module, self.optimizers, self.sync_optimizer_state)
-        with torch.no_grad():
+        with torch.no_grad(), collective_phase("model synchronisation"):
             average_across_ranks(tensors, self._get_reducer())
         self.comm_stats.sync_s += time.perf_counter() - start
         self.comm_stats.syncs += 1
@@ -345,12 +388,13 @@ class MQGNNStrategy(DDPStrategy):
         # Called on every rank (Trainer.save_checkpoint's contract): gather the rank-local buffers here.
         module = self.lightning_module
         trainer = None if module is None else module._trainer
-        if self.staleness > 0 and trainer is not None and trainer.state.fn == TrainerFn.FITTING:
-            state = self.state_dict()
-            if self.world_size > 1 and dist.is_initialized():
-                state["rank_buffers"] = gather_buffers(module)
-            checkpoint[CHECKPOINT_KEY] = state
-        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+        with collective_phase("checkpoint"):
+            if self.staleness > 0 and trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+                state = self.state_dict()
+                if self.world_size > 1 and dist.is_initialized():
+                    state["rank_buffers"] = gather_buffers(module)
+                checkpoint[CHECKPOINT_KEY] = state
+            super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
     @override
     def load_checkpoint(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:

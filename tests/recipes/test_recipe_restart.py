@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.paths import REPO
+from helpers.processes import rank_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # four rank processes import the stack, twice
 
@@ -62,21 +63,6 @@ def _torchrun(run_dir: Path) -> subprocess.Popen:
     )
 
 
-def _rank_process(parent: int, rank: int) -> int | None:
-    """The pid of the worker of ``parent``'s process tree whose ``LOCAL_RANK`` is ``rank``."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if f"LOCAL_RANK={rank}".encode() in environ and int(stat[1]) == parent:
-            return int(entry.name)
-    return None
-
-
 def _finish(proc: subprocess.Popen, timeout: float) -> str:
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -100,7 +86,7 @@ def test_a_killed_rank_restarts_and_the_run_ends_as_if_uninterrupted(tmp_path):
         time.sleep(0.2)
     assert last.exists(), "no epoch-end checkpoint before the kill"
     # torchrun's agent is the Popen child; its workers are the agent's children
-    victim = _rank_process(proc.pid, 1)
+    victim = rank_process(proc.pid, 1)
     assert victim is not None
     os.kill(victim, signal.SIGKILL)
     out = _finish(proc, 600)
