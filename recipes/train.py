@@ -47,7 +47,7 @@ from lightning_mqgnn.strategy import AtomicCheckpointIO, CheckpointError, MQGNNS
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
-RUN_CONFIG = "run_config.yaml"  # the config a run started with, in its checkpoints folder
+RUN_CONFIG = "run_config.yaml"  # the config a run started with, in its folder beside checkpoints/
 
 
 class RecipeError(Exception):
@@ -176,10 +176,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # only an epoch-bounded run writes one (LastCheckpoint): trainer.max_steps bounds the others by steps
     last_checkpoint = not full_graph and cfg.last_checkpoint_every_s is not None and epoch_bounded(cfg)
     if last_checkpoint and resume is None and rank_zero_only.rank == 0:
-        # how the run was started, beside the checkpoint that resumes it (Hydra rewrites
+        # how the run was started, in the folder of the checkpoints that resume it (Hydra rewrites
         # <run>/.hydra/config.yaml when a job restarts in the same folder)
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, checkpoint_dir / RUN_CONFIG)
+        checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, checkpoint_dir.parent / RUN_CONFIG)
     log_every = logging_interval(cfg, batches)
     callbacks = recipe_callbacks(cfg, strategy, checkpoint_dir, last_checkpoint, log_every)
     timer, gpu_busy, checkpoint, memory = callbacks[:4]
@@ -312,9 +312,9 @@ RUN_DEFINING = (
 def check_same_run(cfg: DictConfig, checkpoint: Path) -> None:
     """Refuse to resume a run under other ``RUN_DEFINING`` settings than it was started with
     (another batch size or fan-out would train on other batches without a word), read from the
-    config the run saved beside its checkpoints (``RUN_CONFIG``); a checkpoint moved away from it
-    is not checked."""
-    saved_file = checkpoint.parent / RUN_CONFIG
+    config the run saved in its folder (``<run>/run_config.yaml``, beside ``<run>/checkpoints``); a
+    checkpoint moved out of its run folder is not checked."""
+    saved_file = checkpoint.parent.parent / RUN_CONFIG
     if not saved_file.is_file():
         return
     saved = OmegaConf.to_container(OmegaConf.load(saved_file), resolve=False)
