@@ -242,7 +242,7 @@ def resolve_ckpt_path(ckpt_path: str | None, run_checkpoints: Path) -> str | Non
     if restarts > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         rank_zero_warn(
             "torchrun shares its rendezvous store with the process group, so a restarted group reads "
-            "the addresses of the group before and fails to connect (torch issue 135712): launch "
+            "the addresses of the group before and fails to connect: launch "
             "torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for --max-restarts to resume the run"
         )
     last = run_checkpoints / LAST_CHECKPOINT

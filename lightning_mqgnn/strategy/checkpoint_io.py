@@ -18,9 +18,12 @@ class CheckpointError(Exception):
     """A checkpoint that could not be written or read, named with what happened to it."""
 
 
-def _is_local(path: _PATH) -> bool:
+def _local_path(path: _PATH) -> Path | None:
+    """``path`` as a local file, or None for a remote URL (``s3://`` and the like)."""
     text = str(path)
-    return "://" not in text or text.startswith("file://")
+    if "://" in text and not text.startswith("file://"):
+        return None
+    return Path(text.removeprefix("file://"))
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -49,10 +52,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
     ) -> None:
-        if storage_options is not None or not _is_local(path):
+        target = _local_path(path)
+        if storage_options is not None or target is None:
             super().save_checkpoint(checkpoint, path, storage_options=storage_options)
             return
-        target = Path(str(path).removeprefix("file://"))
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
         try:
@@ -88,6 +91,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except Exception as err:  # a truncated or foreign file: whatever the unpickler raises
             reason = (str(err).splitlines() or [""])[0]
             # torch.save writes a zip archive: a file that is none was cut short or damaged
-            damaged = _is_local(path) and not zipfile.is_zipfile(str(path).removeprefix("file://"))
+            local = _local_path(path)
+            damaged = local is not None and not zipfile.is_zipfile(local)
             what = "truncated or corrupt" if damaged else "unreadable"
             raise CheckpointError(f"checkpoint {path}: {what} ({type(err).__name__}: {reason})") from err

@@ -1,8 +1,19 @@
-"""Finding a rank's process among a launcher's children (to kill it in fault tests)."""
+"""Launching ranks from a test (an environment without this process's rank variables) and finding
+a rank's process among a launcher's children (to kill it in fault tests)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+RANK_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "GROUP_RANK", "MASTER_PORT", "MASTER_ADDR")
+
+
+def launcher_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a launcher of ranks: one thread per rank, no Python
+    warnings, none of the rank variables a launcher sets, and ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
 
 
 def rank_process(parent: int, rank: int) -> int | None:

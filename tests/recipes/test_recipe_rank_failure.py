@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from helpers.processes import rank_process
+from helpers.processes import launcher_env, rank_process
 from helpers.recipe import TRAIN
 
 pytestmark = pytest.mark.distributed
@@ -18,9 +18,7 @@ PHASES = ("gradient-queue reduction", "model synchronisation", "checkpoint", "va
 
 
 def test_a_killed_rank_ends_the_other_in_one_line(tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "GROUP_RANK", "MASTER_PORT", "MASTER_ADDR"):
-        env.pop(var, None)
+    env = launcher_env()
     cmd = [
         *TRAIN,
         "data.scale=0.02",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.paths import REPO
-from helpers.processes import rank_process
+from helpers.processes import launcher_env, rank_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # four rank processes import the stack, twice
 
@@ -35,12 +35,8 @@ RUN = (
 
 def _torchrun(run_dir: Path) -> subprocess.Popen:
     # a restarted group must not read the gloo addresses of the one before from a store the agent
-    # shares with it (torch issue 135712): torchrun's own switch, as the docs tell users
-    env = dict(
-        os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"
-    )
-    for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "GROUP_RANK", "MASTER_PORT", "MASTER_ADDR"):
-        env.pop(var, None)
+    # shares with it: torchrun's own switch, as the docs tell users
+    env = launcher_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     cmd = [
         sys.executable,
         "-m",

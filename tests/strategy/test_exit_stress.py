@@ -8,21 +8,19 @@ run of fits under load shows it.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 from helpers.paths import HELPERS, REPO
+from helpers.processes import launcher_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 def test_spawned_fits_exit_cleanly_under_load():
     # 51 fits (17 each of staleness 0, 1, and 1 with sync_period=3), three busy processes beside them
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "GROUP_RANK", "MASTER_PORT"):
-        env.pop(var, None)
+    env = launcher_env()
     proc = subprocess.run(
         [sys.executable, str(HELPERS / "exit_stress.py"), "--fits", "51", "--load", "3"],
         cwd=REPO,
