@@ -6,7 +6,10 @@ GraphSAGE-mean (eq. 17) or GCN (eq. 1-2, self loops added to the graph), hidden 
 cross-entropy; the model of the best-validation epoch is scored on the test split with exact
 full-neighbour inference. Needs the DGL environment (``.ci/dgl_env.sh``).
 
-    .venv-dgl/bin/python recipes/benchmarks/dgl_baseline.py --data cora --model sage --epochs 20
+    .venv-dgl/bin/python recipes/bench.py dgl_baseline --data cora --model sage --epochs 20
+
+``--lr``, ``--batch-size`` and ``--max-time-s`` set the loop up as ``bench tta`` tunes and bounds it;
+the JSON it writes carries the validation curve against wall time (``wall_s``) and the peak RSS.
 """
 
 from __future__ import annotations
@@ -21,15 +24,12 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from benchmarks._baseline import TRIM, fit_epochs, load_dataset, peak_rss_mb, split_scores, trimmed_mean
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.dgl_graph import import_dgl, to_dgl
-from lightning_mqgnn.graph.generated import generate_graph
-from lightning_mqgnn.graph.npz import load_npz
-from lightning_mqgnn.graph.registry import dataset_file
-from lightning_mqgnn.models.metrics import make_metric, metric_input, node_loss
+from lightning_mqgnn.models.metrics import node_loss
 
-REPO = Path(__file__).resolve().parents[2]
-TRIM = 20  # the paper drops the first and last 20 batch timings
+__all__ = ["load_dataset", "run_dgl_baseline", "trimmed_mean"]
 
 
 class DGLNet(nn.Module):
@@ -59,24 +59,13 @@ class DGLNet(nn.Module):
         return h
 
 
-def trimmed_mean(times: Sequence[float], trim: int = TRIM) -> float:
-    """Mean batch time without the first and last ``trim`` batches (all of them when too few)."""
-    kept = list(times[trim : len(times) - trim]) if len(times) > 2 * trim else list(times)
-    return sum(kept) / len(kept) if kept else float("nan")
-
-
 @torch.no_grad()
 def evaluate(net: DGLNet, g, dataset: GraphDataset, splits: Sequence[Tensor]) -> list[float]:
     """Exact full-neighbour inference: every layer over the whole graph (no sampling), then the
     dataset's metric on each split."""
     net.eval()
     logits = net([g] * len(net.layers), g.ndata["feat"])
-    scores = []
-    for idx in splits:
-        metric = make_metric(dataset.metric, dataset.num_classes, dataset.multilabel)
-        metric.update(metric_input(logits[idx], dataset.metric, dataset.multilabel), dataset.labels[idx])
-        scores.append(float(metric.compute()))
-    return scores
+    return split_scores(logits, dataset, splits)
 
 
 def run_dgl_baseline(
@@ -91,12 +80,14 @@ def run_dgl_baseline(
     lr: float = 1e-3,
     dropout: float = 0.5,
     bf16: bool = False,
+    max_time_s: float | None = None,
 ) -> dict:
     """Train with DGL's own loader and layers; return timings and the best-validation test score.
 
     ``batch_times`` (seconds, every batch of every epoch, in order) cover sampling, slicing,
     forward, backward and the optimiser step, so a caller can drop the first and last 20 as the
-    paper does; ``epoch_times`` are the training loops only, without evaluation.
+    paper does; ``epoch_times`` are the training loops only, without evaluation. With
+    ``max_time_s`` the fit ends at the first epoch's end past that many seconds (``fit_epochs``).
     """
     dgl = import_dgl()
     if epochs < 1 or batch_size < 1 or hidden < 1 or not fanouts:
@@ -120,14 +111,11 @@ def run_dgl_baseline(
         num_workers=num_workers,
     )
     batch_times: list[float] = []
-    epoch_times: list[float] = []
-    val_scores: list[float] = []
-    test_scores: list[float] = []
     losses: list[float] = []
-    t_start = time.perf_counter()
-    for _ in range(epochs):
+
+    def train_epoch() -> None:
         net.train()
-        t_epoch = t_batch = time.perf_counter()
+        t_batch = time.perf_counter()
         for _input_nodes, _output_nodes, blocks in loader:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # as bf16-mixed
                 logits = net(blocks, blocks[0].srcdata["feat"])
@@ -139,59 +127,34 @@ def run_dgl_baseline(
             now = time.perf_counter()
             batch_times.append(now - t_batch)
             t_batch = now
-        epoch_times.append(time.perf_counter() - t_epoch)
-        val, test = evaluate(net, g, dataset, (dataset.val_idx, dataset.test_idx))
-        val_scores.append(val)
-        test_scores.append(test)
-    best = max(range(epochs), key=lambda e: val_scores[e])  # first epoch reaching the best
+
+    t_start = time.perf_counter()
+    curve = fit_epochs(
+        train_epoch,
+        lambda: evaluate(net, g, dataset, (dataset.val_idx, dataset.test_idx)),
+        epochs,
+        max_time_s,
+    )
     return {
         "system": "dgl",
         "dataset": dataset.name,
         "model": model,
         "fanouts": list(fanouts),
         "batch_size": batch_size,
-        "epochs": epochs,
         "hidden": hidden,
         "seed": seed,
+        "lr": lr,
         "num_workers": num_workers,
         "bf16": bf16,
         "metric": dataset.metric,
         "batches_per_epoch": len(loader),
         "batch_times": batch_times,
         "batch_time_trimmed": trimmed_mean(batch_times),
-        "epoch_times": epoch_times,
-        "train_time": sum(epoch_times),
         "total_time": time.perf_counter() - t_start,
         "losses": losses,
-        "val_scores": val_scores,
-        "test_scores": test_scores,
-        "best_epoch": best,
-        "best_val": val_scores[best],
-        "test_metric": test_scores[best],
+        **curve.summary(),
+        "peak_rss_mb": peak_rss_mb(),
     }
-
-
-def load_dataset(spec: str, scale: float = 1.0, seed: int = 0) -> GraphDataset:
-    """``NAME`` of a Hydra data config (``conf/data/NAME.yaml``: the very loader call, feature
-    reduction included, that ``recipes/train.py data=NAME`` makes, so both sides train on identical
-    features), a path to an ``.npz`` (``load_npz`` defaults), or ``generated:PRESET``."""
-    if spec.startswith("generated:"):
-        return generate_graph(spec.split(":", 1)[1], scale=scale, seed=seed)
-    if (REPO / "conf" / "data" / f"{spec}.yaml").exists():
-        return load_data_config(spec)
-    path = Path(spec)
-    if path.suffix != ".npz":
-        path = dataset_file(spec)  # a registered dataset: the mirror, the cache or a download
-    return load_npz(path)
-
-
-def load_data_config(name: str) -> GraphDataset:
-    from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"data={name}"])
-    return instantiate(cfg.data)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -202,6 +165,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--fanouts", type=int, nargs="+", default=[5, 5])
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--max-time-s",
+        type=float,
+        help="end at the first epoch's end past this many seconds (with validation)",
+    )
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-workers", type=int, default=0)
@@ -224,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         seed=args.seed,
         num_workers=args.num_workers,
         bf16=args.bf16,
+        lr=args.lr,
+        max_time_s=args.max_time_s,
     )
     epoch = sum(result["epoch_times"]) / len(result["epoch_times"])
     print(

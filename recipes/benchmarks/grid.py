@@ -135,7 +135,8 @@ def run_dgl(model: str, dataset: str, seed: int, args, bf16: bool = False) -> di
         out = Path(tmp) / "dgl.json"
         cmd = [
             args.dgl_python,
-            str(RECIPES / "benchmarks" / "dgl_baseline.py"),
+            str(RECIPES / "bench.py"),
+            "dgl_baseline",
             f"--data={dataset}",
             f"--model={model.split('_')[0]}",  # a variant's DGL baseline is its base model
             f"--epochs={args.epochs}",

@@ -82,7 +82,7 @@ def count_sampled(sampler, dataset, batch_size: int, seed: int, limit: int) -> d
 
 
 def run_counts(datasets: list[str], models: list[str], seeds: list[int], args, cache: dict) -> list[dict]:
-    from benchmarks.dgl_baseline import load_dataset
+    from benchmarks._baseline import load_dataset
 
     runs = []
     for name in datasets:
@@ -165,7 +165,7 @@ def speed_rows(
 ) -> list[dict]:
     """ms per batch and input vertices per batch of each of ``systems`` ("ours" and, in the DGL
     environment, "dgl"), LABOR-0 and LABOR-*, on the same seed batches."""
-    from benchmarks.dgl_baseline import load_dataset
+    from benchmarks._baseline import load_dataset
     from lightning_mqgnn.sampling.labor import LaborSampler
     from lightning_mqgnn.sampling.rng import batch_rng_seed
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from helpers.paths import REPO
@@ -11,24 +9,21 @@ from helpers.paths import REPO
 from lightning_mqgnn.graph.generated import generate_graph
 
 
-def load_recipe():
-    spec = importlib.util.spec_from_file_location(
-        "dgl_baseline", REPO / "recipes" / "benchmarks" / "dgl_baseline.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def recipe(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    from benchmarks import dgl_baseline
+
+    return dgl_baseline
 
 
-def test_trimmed_mean_drops_first_and_last_twenty_batches():
-    recipe = load_recipe()
+def test_trimmed_mean_drops_first_and_last_twenty_batches(recipe):
     times = [100.0] * 20 + [1.0, 2.0, 3.0] + [100.0] * 20
     assert recipe.trimmed_mean(times) == 2.0
     assert recipe.trimmed_mean([1.0, 3.0]) == 2.0  # too few batches to trim: all of them
 
 
-def test_load_dataset_resolves_shared_names(shared_data):
-    recipe = load_recipe()
+def test_load_dataset_resolves_shared_names(recipe, shared_data):
     ds = recipe.load_dataset("cora")
     assert (ds.name, ds.num_nodes, ds.num_classes, ds.metric) == ("cora", 2708, 7, "accuracy")
     wide = recipe.load_dataset("citeseer")  # through conf/data/citeseer.yaml, as the recipe loads it
@@ -39,9 +34,8 @@ def test_load_dataset_resolves_shared_names(shared_data):
 
 @pytest.mark.dgl
 @pytest.mark.parametrize("model", ["sage", "gcn"])
-def test_dgl_baseline_trains_and_reports_per_batch_times(model):
+def test_dgl_baseline_trains_and_reports_per_batch_times(recipe, model):
     pytest.importorskip("dgl")
-    recipe = load_recipe()
     ds = generate_graph("arxiv", num_nodes=1200, num_features=32, num_classes=4, seed=0)
     out = recipe.run_dgl_baseline(
         ds, model=model, fanouts=(5, 5), batch_size=128, epochs=4, hidden=32, lr=1e-2
