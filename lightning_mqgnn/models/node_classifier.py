@@ -16,7 +16,7 @@ from lightning_mqgnn.models.dropout import ReLUDropout
 from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference
 from lightning_mqgnn.models.layers import layer_stack
 from lightning_mqgnn.models.metrics import make_metric, metric_input, node_loss
-from lightning_mqgnn.models.optim import FusedAdam
+from lightning_mqgnn.models.optim import adam
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 
 AGGREGATION_OF_CONV = {"gcn": "gcn", "sage": "mean"}
@@ -180,8 +180,9 @@ class NodeClassifierBase(pl.LightningModule):
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """Adam, fused (one kernel over every parameter instead of a loop of small ones per tensor)
-        and stepped without torch's per-call Python around the kernel (``FusedAdam``)."""
-        return FusedAdam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        and stepped without torch's per-call Python around the kernel (``FusedAdam``), where torch
+        has the kernel for this device (``adam``)."""
+        return adam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
 
 
 class NodeClassifier(NodeClassifierBase):

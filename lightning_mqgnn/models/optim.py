@@ -1,4 +1,5 @@
-"""Adam through torch's fused kernel, stepped without the Python torch wraps around that kernel."""
+"""Adam through torch's fused kernel, stepped without the Python torch wraps around that kernel;
+torch's own Adam where that kernel is missing."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ class FusedAdam(torch.optim.Adam):
         if (
             group["amsgrad"]
             or group["differentiable"]
-            or group["decoupled_weight_decay"]
+            or group.get("decoupled_weight_decay", False)  # a key of torch 2.6 and later
             or any(isinstance(x, Tensor) for x in (lr, beta1, beta2))
         ):
             return None
@@ -124,3 +125,16 @@ class FusedAdam(torch.optim.Adam):
             found_inf=None,
         )
         return [params, grads, exp_avgs, exp_avg_sqs, steps], options
+
+
+def adam(params, lr: float = 1e-3, weight_decay: float = 0.0) -> torch.optim.Adam:
+    """``FusedAdam`` where torch has Adam's fused kernel for the parameters' device (CUDA; CPU
+    from torch 2.4), else ``torch.optim.Adam``: the same updates up to rounding. With torch 2.2,
+    which DGL 2.1's wheels need, the fused optimiser refuses CPU parameters."""
+    params = list(params)
+    try:
+        return FusedAdam(params, lr=lr, weight_decay=weight_decay)
+    except RuntimeError as err:
+        if "fused=True" not in str(err):
+            raise
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)

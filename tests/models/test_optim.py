@@ -123,3 +123,23 @@ def test_state_dict_loads_into_torch_adam_and_training_goes_on_identically():
     b.load_state_dict(copy.deepcopy(a.state_dict()))  # loading keeps the tensors it is given
     assert _train(ours, a, 4) == _train(theirs, b, 4)
     assert all(torch.equal(p, q) for p, q in zip(ours.parameters(), theirs.parameters()))
+
+
+@pytest.mark.parametrize(
+    "expected",
+    [
+        pytest.param(FusedAdam, id="torch>=2.4"),
+        # the DGL environment's torch 2.2.1 has the fused kernel for CUDA only
+        pytest.param(torch.optim.Adam, id="torch-2.2", marks=pytest.mark.dgl),
+    ],
+)
+def test_adam_is_fused_where_torch_has_the_kernel_and_torchs_adam_elsewhere(expected):
+    if (expected is FusedAdam) != (torch.__version__ >= (2, 4)):
+        pytest.skip(f"for the other environment (torch {torch.__version__})")
+    model = _model()
+    opt = optim.adam(model.parameters(), lr=0.01, weight_decay=0.1)
+    assert type(opt) is expected
+    assert (opt.defaults["lr"], opt.defaults["weight_decay"]) == (0.01, 0.1)
+    assert len(opt.param_groups[0]["params"]) == 6  # every parameter, the generator read once
+    losses = _train(model, opt, 20)
+    assert losses[-1] < losses[0]
