@@ -15,8 +15,9 @@ Per graph, one model (``--model``, GraphSAGE by default), every run a fresh proc
 2. **PyG** (when ``--pyg-python`` runs): PyG's ``NeighborLoader`` loop (``bench.py pyg_baseline``)
    with DGL's tuned configuration.
 3. **Ours**: each ``--candidates`` entry is recipe overrides (``defaults``: none beyond the data and
-   model; ``best``: ``--best``), run with the recipe's own validation schedule and early stopping,
-   bounded by the same budget (``trainer.max_time``).
+   ``model=<--model>``; ``best``: ``--best``, which may name another model), run with the
+   recipe's own validation schedule and early stopping, bounded by the same budget
+   (``trainer.max_time``).
 
 A run's **time to target** is the wall time since training started (training and validation both
 counted; data loading and process start not) at its first validation at or above the target; the
@@ -146,7 +147,7 @@ def run_ours(candidate: str, overrides: list[str], graph: str, seed: int, args) 
             sys.executable,
             str(RECIPES / "train.py"),
             f"data={graph}",
-            f"model={args.model}",
+            *([] if any(o.startswith("model=") for o in overrides) else [f"model={args.model}"]),
             *overrides,
             f"seed={seed}",
             f"+trainer.max_time='{max_time(args.budget_s)}'",
