@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.paths import HELPERS, REPO
+from helpers.processes import launcher_env
 from helpers.strategy_script import RESUME_COMBOS, RESUME_EPOCHS, SCENARIOS, resume_name
 
 pytestmark = pytest.mark.distributed
@@ -30,17 +31,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    env["MASTER_PORT"] = str(_free_port())
-    for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "GROUP_RANK"):
-        env.pop(var, None)
-    return env
-
-
 def _run_all(commands: list[list[str]], timeout: float) -> list[subprocess.CompletedProcess]:
     """Run commands concurrently (one environment) in their own sessions; on timeout kill each process group."""
-    env = _env()
+    env = launcher_env(MASTER_PORT=str(_free_port()))
     procs = [
         subprocess.Popen(
             cmd,
