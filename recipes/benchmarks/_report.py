@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import traceback
@@ -35,7 +36,8 @@ def machine_header(name: str, argv: list[str] | None) -> list[str]:
         dgl_version = dgl.__version__
     except ImportError:
         dgl_version = "not installed"
-    command = " ".join(["python", "recipes/bench.py", name, *(sys.argv[1:] if argv is None else argv)])
+    # quoted as a shell reads it: an argument with spaces (``--best "a=1 b=2"``) stays one
+    command = shlex.join(["python", "recipes/bench.py", name, *(sys.argv[1:] if argv is None else argv)])
     return [
         f"- command: `{command}`",
         f"- commit {commit or 'unknown'}, torch {torch.__version__}, dgl {dgl_version}, "

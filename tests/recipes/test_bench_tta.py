@@ -150,3 +150,14 @@ def test_plot_draws_the_median_seed_of_each_system(tta, tmp_path):
     }
     tta.plot(result, tmp_path / "g.png")
     assert (tmp_path / "g.png").stat().st_size > 1000
+
+
+def test_the_reported_command_quotes_an_argument_with_spaces(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    from benchmarks._report import machine_header
+
+    header = machine_header("tta", ["--best", "model.module.lr=0.01 val_every_batches=10"])
+    assert (
+        header[0]
+        == "- command: `python recipes/bench.py tta --best 'model.module.lr=0.01 val_every_batches=10'`"
+    )
