@@ -23,9 +23,10 @@ A run's **time to target** is the wall time since training started (training and
 counted; data loading and process start not) at its first validation at or above the target; the
 speed-up is the ratio of the medians over seeds, DGL's over each system's. Both sides validate with
 exact full-neighbourhood inference; DGL and PyG after every epoch, the recipe on its own schedule
-(every ``val_every_batches``). Peak RSS is the training process's (``ru_maxrss``; sampler worker
-processes not included). ``--out DIR`` writes ``tta.md``, every run with its curve in ``tta.json``
-and a plot per graph (validation metric against wall time, the median seed of each system).
+(every ``val_every_batches``). Peak RSS is the training process's (``VmHWM``, data loading
+included; sampler worker processes not). ``--out DIR`` writes ``tta.md``, every run with its curve
+in ``tta.json`` and a plot per graph (validation metric against wall time, the median seed of
+each system).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import csv
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -55,24 +57,34 @@ quiet_env = {**os.environ, "DGLBACKEND": "pytorch", "OUTDATED_IGNORE": "1"}
 
 
 def run_process(cmd: list[str], timeout: float) -> tuple[int, str, str, float]:
-    """Run ``cmd``; ``(exit status, stdout, stderr, peak RSS in MB)`` of the process itself (its own
-    ``ru_maxrss`` from ``wait4``, not its children's). Killed after ``timeout`` seconds."""
+    """Run ``cmd``; ``(exit status, stdout, stderr, peak RSS in MB)``. The peak is the process's own
+    ``VmHWM`` since its exec (not its children's), read every 0.1 s while it runs: ``ru_maxrss``
+    would also count the launching process's pages, which a vfork-ed child holds until it execs.
+    Killed after ``timeout`` seconds."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=quiet_env)
         deadline = time.monotonic() + timeout
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
+        peak_mb = 0.0
+        while proc.poll() is None:
+            peak_mb = max(peak_mb, high_water_mb(proc.pid))
             if time.monotonic() > deadline:
                 proc.kill()
-                _, status, usage = os.wait4(proc.pid, 0)
+                proc.wait()
                 break
             time.sleep(0.1)
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
         out.seek(0)
         err.seek(0)
-        return proc.returncode, out.read(), err.read(), usage.ru_maxrss / 1024
+        return proc.returncode, out.read(), err.read(), peak_mb
+
+
+def high_water_mb(pid: int) -> float:
+    """``VmHWM`` of a running process in MB; 0 once it has exited (or where /proc is missing)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    match = re.search(r"^VmHWM:\s+(\d+)\s+kB", status, re.MULTILINE)
+    return int(match.group(1)) / 1024 if match else 0.0
 
 
 def failure(stderr: str) -> str:
@@ -230,13 +242,8 @@ class Bench:
 
     def dgl(self, graph: str, seed: int, config: dict) -> dict:
         args = self.args
-        return self.run(
-            "dgl",
-            graph,
-            seed,
-            config,
-            lambda: run_baseline("dgl", args.dgl_python, graph, seed, config, args),
-        )
+        measure = partial(run_baseline, "dgl", args.dgl_python, graph, seed, config, args)
+        return self.run("dgl", graph, seed, config, measure)
 
     def tune_dgl(self, graph: str) -> dict:
         """DGL's configuration for ``graph``: the sweep on the first seed (see the module's doc)."""
@@ -244,6 +251,8 @@ class Bench:
         seed = args.seeds[0]
         batches = args.dgl_batches
         sweep = [self.dgl(graph, seed, {"lr": lr, "batch_size": batches[0]}) for lr in args.dgl_lrs]
+        if all("error" in r for r in sweep):
+            raise RuntimeError(f"DGL's loop failed on {graph} at every learning rate: {sweep[0]['error']}")
         best_lr = max((r for r in sweep if "error" not in r), key=lambda r: r["val"])["config"]["lr"]
         sweep += [self.dgl(graph, seed, {"lr": best_lr, "batch_size": b}) for b in batches[1:]]
         done = [r for r in sweep if "error" not in r]

@@ -54,7 +54,8 @@ def test_max_time_is_the_trainers_days_hours_minutes_seconds(tta):
 
 
 def test_run_process_reports_the_childs_own_peak_rss_and_kills_it_at_the_timeout(tta):
-    grow = "import time; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); print('ok')"
+    # the pages touched, then held long enough to be read (the launching test process is far larger)
+    grow = "import time; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); print('ok'); time.sleep(1)"
     rc, out, _, rss = tta.run_process([sys.executable, "-c", grow], timeout=60)
     assert (rc, out.strip()) == (0, "ok")
     assert 300 < rss < 600, rss
@@ -108,6 +109,22 @@ def test_table_gives_each_systems_median_time_to_dgls_target_and_the_speed_up(tt
     assert rows["dgl"][2:6] == ["lr 0.01, batch 1024, workers 0", "0.8000", "4.0 (2.0, 4.0, 6.0)", "1.00x"]
     assert rows["best"][2:6] == ["`model.module.lr=0.01`", "0.8000", "1.0 (1.0, 1.0, -)", "4.00x"]
     assert rows["best"][-1] == "2/3 |"
+
+
+def test_a_sweep_that_fails_at_every_rate_says_so_with_dgls_error(tta, tmp_path):
+    args = argparse.Namespace(
+        model="sage",
+        seeds=[0],
+        dgl_lrs=[0.01],
+        dgl_batches=[1024],
+        budget_s=10,
+        max_epochs=2,
+        margin=0.005,
+        dgl_python=sys.executable,  # the main environment: no DGL
+        jsonl=None,
+    )
+    with pytest.raises(RuntimeError, match=r"DGL's loop failed on cora at every learning rate: .*dgl"):
+        tta.Bench(args).tune_dgl("cora")
 
 
 @pytest.mark.dgl
