@@ -8,6 +8,8 @@ Nothing here imports DGL or PyG: each environment runs its own loop on top.
 
 from __future__ import annotations
 
+import argparse
+import json
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -125,3 +127,39 @@ def fit_epochs(
         if max_time_s is not None and now - start >= max_time_s:
             break
     return curve
+
+
+def loop_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command-line options every baseline loop takes (``--data`` ... ``--json``)."""
+    parser.add_argument("--data", default="cora", help="shared dataset name, .npz path or generated:PRESET")
+    parser.add_argument("--scale", type=float, default=1.0, help="generated graphs only")
+    parser.add_argument("--model", choices=("sage", "gcn"), default="sage")
+    parser.add_argument("--fanouts", type=int, nargs="+", default=[5, 5])
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--max-time-s",
+        type=float,
+        help="end at the first epoch's end past this many seconds (with validation)",
+    )
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--json", type=Path, help="write the full result (with per-batch times) here")
+
+
+def report(result: dict, dataset: GraphDataset, json_path: Path | None) -> None:
+    """A baseline fit's one summary line, and its full result as JSON at ``json_path`` when given."""
+    epoch = sum(result["epoch_times"]) / len(result["epoch_times"])
+    print(
+        f"{result['system']}-{result['model']} {dataset.name}: {result['batches_per_epoch']} batches/epoch, "
+        f"batch {1e3 * result['batch_time_trimmed']:.2f} ms (trimmed {TRIM}), epoch {epoch:.3f} s, train "
+        f"{result['train_time']:.2f} s, best epoch {result['best_epoch']}: val {result['best_val']:.4f}, "
+        f"test {dataset.metric} {result['test_metric']:.4f}",
+        flush=True,
+    )
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=1))

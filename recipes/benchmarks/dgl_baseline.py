@@ -15,16 +15,22 @@ the JSON it writes carries the validation curve against wall time (``wall_s``) a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from benchmarks._baseline import TRIM, fit_epochs, load_dataset, peak_rss_mb, split_scores, trimmed_mean
+from benchmarks._baseline import (
+    fit_epochs,
+    load_dataset,
+    loop_arguments,
+    peak_rss_mb,
+    report,
+    split_scores,
+    trimmed_mean,
+)
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.dgl_graph import import_dgl, to_dgl
 from lightning_mqgnn.models.metrics import node_loss
@@ -159,26 +165,10 @@ def run_dgl_baseline(
 
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default="cora", help="shared dataset name, .npz path or generated:PRESET")
-    parser.add_argument("--scale", type=float, default=1.0, help="generated graphs only")
-    parser.add_argument("--model", choices=("sage", "gcn"), default="sage")
-    parser.add_argument("--fanouts", type=int, nargs="+", default=[5, 5])
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument(
-        "--max-time-s",
-        type=float,
-        help="end at the first epoch's end past this many seconds (with validation)",
-    )
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-workers", type=int, default=0)
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    loop_arguments(parser)
     parser.add_argument(
         "--bf16", action="store_true", help="forward under CPU autocast to bfloat16 (as precision=bf16-mixed)"
     )
-    parser.add_argument("--json", type=Path, help="write the full result (with per-batch times) here")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -196,17 +186,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         lr=args.lr,
         max_time_s=args.max_time_s,
     )
-    epoch = sum(result["epoch_times"]) / len(result["epoch_times"])
-    print(
-        f"dgl-{args.model} {dataset.name}: {result['batches_per_epoch']} batches/epoch, batch "
-        f"{1e3 * result['batch_time_trimmed']:.2f} ms (trimmed {TRIM}), epoch {epoch:.3f} s, train "
-        f"{result['train_time']:.2f} s, best epoch {result['best_epoch']}: val {result['best_val']:.4f}, "
-        f"test {dataset.metric} {result['test_metric']:.4f}",
-        flush=True,
-    )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
+    report(result, dataset, args.json)
     return result
 
 

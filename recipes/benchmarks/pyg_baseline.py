@@ -17,18 +17,24 @@ The JSON it writes has the keys of ``dgl_baseline``'s, so both read the same (no
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from benchmarks._baseline import TRIM, fit_epochs, load_dataset, peak_rss_mb, split_scores, trimmed_mean
+from benchmarks._baseline import (
+    fit_epochs,
+    load_dataset,
+    loop_arguments,
+    peak_rss_mb,
+    report,
+    split_scores,
+    trimmed_mean,
+)
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.pyg import import_pyg, to_pyg_data
 from lightning_mqgnn.models.metrics import node_loss
@@ -173,23 +179,7 @@ def run_pyg_baseline(
 
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default="cora", help="shared dataset name, .npz path or generated:PRESET")
-    parser.add_argument("--scale", type=float, default=1.0, help="generated graphs only")
-    parser.add_argument("--model", choices=("sage", "gcn"), default="sage")
-    parser.add_argument("--fanouts", type=int, nargs="+", default=[5, 5])
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument(
-        "--max-time-s",
-        type=float,
-        help="end at the first epoch's end past this many seconds (with validation)",
-    )
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-workers", type=int, default=0)
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    parser.add_argument("--json", type=Path, help="write the full result (with per-batch times) here")
+    loop_arguments(parser)
     args = parser.parse_args(argv)
     try:
         require_neighbor_sampling()
@@ -210,17 +200,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         lr=args.lr,
         max_time_s=args.max_time_s,
     )
-    epoch = sum(result["epoch_times"]) / len(result["epoch_times"])
-    print(
-        f"pyg-{args.model} {dataset.name}: {result['batches_per_epoch']} batches/epoch, batch "
-        f"{1e3 * result['batch_time_trimmed']:.2f} ms (trimmed {TRIM}), epoch {epoch:.3f} s, train "
-        f"{result['train_time']:.2f} s, best epoch {result['best_epoch']}: val {result['best_val']:.4f}, "
-        f"test {dataset.metric} {result['test_metric']:.4f}",
-        flush=True,
-    )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
+    report(result, dataset, args.json)
     return result
 
 
