@@ -148,6 +148,11 @@ class MQGNNDataModule(pl.LightningDataModule):
             device=trainer.strategy.root_device,
             max_epochs=trainer.max_epochs if trainer.max_epochs is not None else -1,
             stopping=trainer.should_stop,
+            # the batches of the running epoch already trained on: a fit resumed inside an epoch
+            # (LastCheckpoint after a signal) starts at the next one
+            first_batch=trainer.fit_loop.epoch_loop.batch_progress.current.completed
+            if trainer.training
+            else 0,
         )
 
     def graph_stats(self) -> tuple[int, int]:

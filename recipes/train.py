@@ -3,8 +3,10 @@
 Prints the best validation metric, the test metric of the best-validation checkpoint, the paper's
 batch time, the training time and every rank's peak memory. Bad input ends with one ``error:`` line and exit code 2.
 A sampled run bounded by epochs (the default cap, ``step_cap``, or ``trainer.max_steps=-1``) writes
-``checkpoints/last.ckpt`` in its folder at epoch ends (``last_checkpoint_every_s``);
-``ckpt_path=<that file>`` resumes it, with the run's own overrides.
+``checkpoints/last.ckpt`` in its folder at epoch ends (``last_checkpoint_every_s``) and, when a
+SIGTERM or SIGUSR1 stops it, at the end of the step the signal arrived in (one ``stopped by``
+line, exit code 128 + signal); ``ckpt_path=<that file>`` or ``ckpt_path=auto`` resumes it, with
+the run's own overrides.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from lightning_mqgnn.callbacks import (
     GPUBusyMonitor,
     LastCheckpoint,
     PeakMemoryMonitor,
+    Preempted,
     StageTimingCallback,
 )
 from lightning_mqgnn.callbacks.last_checkpoint import LAST_CHECKPOINT
@@ -256,8 +259,8 @@ def resolve_ckpt_path(ckpt_path: str | None, run_checkpoints: Path) -> str | Non
 def checked_resume_checkpoint(cfg: DictConfig, path: str, hparams: dict, steps_per_epoch: int) -> Path:
     """The checkpoint ``path`` (the run's ``ckpt_path``), once it is known to continue this run: of a run
     started with the same settings (``check_same_run``), a Lightning checkpoint, written by a model
-    of the same hyperparameters, at an epoch's end (``last.ckpt``; ``best.ckpt`` is written
-    wherever validation ran)."""
+    of the same hyperparameters, at an epoch's end or where a signal stopped the run (``last.ckpt``;
+    ``best.ckpt`` is written wherever validation ran, and its loaders' position is not the run's)."""
     file = Path(path)
     if not file.is_file():
         raise RecipeError(
@@ -286,10 +289,11 @@ def checked_resume_checkpoint(cfg: DictConfig, path: str, hparams: dict, steps_p
             f"ckpt_path={path} was written by a different model: {', '.join(differ)}; resume with the run's own overrides"
         )
     step = int(checkpoint["global_step"])
-    if step % steps_per_epoch:
+    stopped_by = checkpoint.get("callbacks", {}).get(LastCheckpoint.__qualname__, {}).get("stopped_by", 0)
+    if step % steps_per_epoch and not stopped_by:
         raise RecipeError(
             f"ckpt_path={path} was written inside an epoch (step {step}, {steps_per_epoch} steps an epoch); "
-            "resume from checkpoints/last.ckpt, which is written at epoch ends"
+            "resume from checkpoints/last.ckpt, which is written at epoch ends and where a signal stops the run"
         )
     return file
 
@@ -460,6 +464,10 @@ def main(cfg: DictConfig) -> None:
     except (RecipeError, ValueError, FileNotFoundError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except Preempted as err:  # a scheduler's signal: last.ckpt is written, the same command resumes
+        if err.rank == 0:
+            print(f"{err}; run again with ckpt_path=auto to resume", file=sys.stderr, flush=True)
+        sys.exit(err.code)
     except CheckpointError as err:  # not the input's fault: the disk's, or a file damaged since
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -133,8 +133,9 @@ class DeviceResidentLoader(QueuedLoader):
         self._run = _DeviceEpoch(self)
         return self._run
 
-    def begin_epoch(self) -> tuple[int, list[Tensor]]:
-        """Residency (once), the epoch's cache draw on the device, and the seeds of this rank."""
+    def begin_epoch(self) -> tuple[int, list[Tensor], int]:
+        """Residency (once), the epoch's cache draw on the device; the epoch, the seeds of this
+        rank and the batch it starts at."""
         if self.resident is None:
             self.resident = ResidentGraph.build(self.source, self.placement)
         if self.device_sampler == "process" and self.process is None:
@@ -153,7 +154,8 @@ class DeviceResidentLoader(QueuedLoader):
         if self.mover.cuda:
             # the producer's stream reads what this thread copied over on its own stream
             self.mover.stream.wait_stream(torch.cuda.current_stream(self.mover.device))
-        return plan.epoch, self.source.epoch_seeds(plan.epoch, plan.rank, plan.world_size)
+        seeds = self.source.epoch_seeds(plan.epoch, plan.rank, plan.world_size)
+        return plan.epoch, seeds, self.first_batch(plan, len(seeds))
 
     def _start_processes(self) -> None:
         """Spawn the sampler processes now, so they import and set up while the graph moves;
@@ -171,19 +173,22 @@ class DeviceResidentLoader(QueuedLoader):
             device = torch.device("cuda", torch.cuda.current_device())
         self.process = SamplerProcesses(device, self.sampler_processes)
 
-    def epoch_batches(self, epoch: int, seeds: list[Tensor], stop: threading.Event) -> Iterator[MiniBatch]:
-        """The epoch's batches in order, each finished on the producer stream (the caller's
-        current stream) with its production time in ``meta["prep_s"]``: made here, or by the
-        sampler process and copied here."""
+    def epoch_batches(
+        self, epoch: int, seeds: list[Tensor], stop: threading.Event, first: int = 0
+    ) -> Iterator[MiniBatch]:
+        """The epoch's batches in order from batch ``first``, each finished on the producer
+        stream (the caller's current stream) with its production time in ``meta["prep_s"]``:
+        made here, or by the sampler process and copied here."""
+        indices = range(first, len(seeds))
         if self.process is not None:
-            requests = [(i, s, self.source.rng_seed(epoch, i)) for i, s in enumerate(seeds)]
+            requests = [(i, seeds[i], self.source.rng_seed(epoch, i)) for i in indices]
             yield from self.process.batches(requests, self.queue_size, stop)
             return
-        for index, batch_seeds in enumerate(seeds):
+        for index in indices:
             if stop.is_set():
                 return
             t0 = time.perf_counter()
-            batch = self.produce(epoch, index, batch_seeds)
+            batch = self.produce(epoch, index, seeds[index])
             if self.mover.cuda:
                 self.mover.stream.synchronize()  # only this thread waits: times the batch, bounds memory
             batch.meta["prep_s"] = time.perf_counter() - t0
@@ -231,6 +236,7 @@ class _DeviceEpoch:
         self.done = False
         self.epoch = -1
         self.batches: list[Tensor] = []
+        self.first = 0
         self._last_return: float | None = None
 
     def __iter__(self) -> _DeviceEpoch:
@@ -240,7 +246,7 @@ class _DeviceEpoch:
         return len(self.loader)
 
     def _start(self) -> None:
-        self.epoch, self.batches = self.loader.begin_epoch()
+        self.epoch, self.batches, self.first = self.loader.begin_epoch()
         self.thread = threading.Thread(target=self._produce, name="mqgnn-device-sampler", daemon=True)
         self.thread.start()
 
@@ -250,7 +256,7 @@ class _DeviceEpoch:
         stream = torch.cuda.stream(mover.stream) if mover.cuda else contextlib.nullcontext()
         try:
             with stream:
-                for batch in loader.epoch_batches(self.epoch, self.batches, self.stop_event):
+                for batch in loader.epoch_batches(self.epoch, self.batches, self.stop_event, self.first):
                     event = None
                     if mover.cuda:
                         event = torch.cuda.Event()
@@ -281,6 +287,7 @@ class _DeviceEpoch:
             raise RuntimeError(f"device-resident sampling failed: {payload!r}") from payload
         batch = hand_over_batch(loader, self.queue, payload, request, epoch=self.epoch, producer="device")
         self._last_return = time.perf_counter()
+        loader.handed_out(batch.meta["index"])
         return batch
 
     def stop(self) -> None:

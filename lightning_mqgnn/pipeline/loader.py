@@ -178,15 +178,19 @@ class PipelinedLoader(QueuedLoader):
             self.pool.submit(head.generation, head.submitted, head.batches[head.submitted], rng)
             head.submitted += 1
 
-    def _begin_epoch(self) -> tuple[EpochPlan, list[Tensor], _HeadStart | None, str]:
+    def _begin_epoch(self) -> tuple[EpochPlan, list[Tensor], int, _HeadStart | None, str]:
+        """The epoch's plan, seeds and first batch, the head start it opens on (if any), and who
+        makes its batches."""
         plan = self.plan()
         epoch = plan.epoch
         producer = self.producer_choice.producer()
         head, self._head = self._head, None
+        seeds = head.batches if head is not None and head.epoch == epoch else self._seeds(plan, epoch)
+        first = self.first_batch(plan, len(seeds))
         if producer == "workers":
             self._ensure_started()
-            if head is not None and head.epoch == epoch:
-                return plan, head.batches, head, producer
+            if head is not None and head.epoch == epoch and first == 0:
+                return plan, head.batches, first, head, producer
         else:
             self._ensure_mover()
             if self.producer_choice.chosen == "trainer" and self.pool is not None:
@@ -198,7 +202,7 @@ class PipelinedLoader(QueuedLoader):
         if cache is not None:
             cache.refresh_(epoch)
             self.mover.set_cache(resident_rows(cache, self.source.dataset.features, self.mover.device))
-        return plan, self._seeds(plan, epoch), None, producer
+        return plan, seeds, first, None, producer
 
     def _open_head_start(self, plan: EpochPlan, epoch: int) -> _HeadStart | None:
         """A head start for ``epoch`` if one is worth it (by the ending epoch's thread, or ``prime``)."""
@@ -248,11 +252,13 @@ class _EpochRun:
         self._threads_before: int | None = None
         self._opened_by: _HeadStart | None = None
         self.producer: str | None = None  # "workers" or "trainer", fixed at the epoch's start
+        self.first = 0  # the epoch's first batch (after a resume inside it, not 0)
         self._next_index = 0  # the next batch the training thread makes itself
 
     def _start(self) -> None:
-        plan, self.batches, self._opened_by, self.producer = self.loader._begin_epoch()
+        plan, self.batches, self.first, self._opened_by, self.producer = self.loader._begin_epoch()
         self.epoch, self.ranks_on_node = plan.epoch, plan.ranks_on_node
+        self._next_index = self.first
         if self.producer == "trainer":
             return  # the training thread makes every batch, on every core: no transfer thread
         if self._opened_by is not None:
@@ -271,10 +277,10 @@ class _EpochRun:
         opened_by = self._opened_by
         # reorder buffer: results arrive in completion order (a head start's are already in)
         pending: dict[int, MiniBatch] = opened_by.results if opened_by is not None else {}
-        submitted = opened_by.submitted if opened_by is not None else 0
+        submitted = opened_by.submitted if opened_by is not None else self.first
         head: _HeadStart | None = None  # the next epoch's, once this one's tasks are all out
         head_asked = False
-        out = 0
+        out = self.first
 
         def top_up_head() -> None:
             nonlocal head, head_asked
@@ -319,7 +325,7 @@ class _EpochRun:
                 if not self.queue.put((dev, event), self.stop_event):
                     return
                 out += 1
-            if n:
+            if n > self.first:
                 top_up_head()  # the budget this epoch's last batches held
             self.queue.finish()
         except BaseException as exc:  # surfaces in the training thread at its next batch request
@@ -368,6 +374,7 @@ class _EpochRun:
             # runs before it ever asks past a sized loader's end, get every thread back
             self._restore_threads()
         self._returned(index)
+        loader.handed_out(index)
         return batch
 
     def _produce_here(self) -> MiniBatch:
@@ -391,6 +398,7 @@ class _EpochRun:
         batch.meta.update(wait_s=time.perf_counter() - start, epoch=self.epoch, producer="trainer")
         self._next_index += 1
         self._returned(index, timed=not after_narrow_step, produce_s=batch.meta["wait_s"])
+        loader.handed_out(index)
         # never the epoch's last step: validation may follow it, on every thread
         if choice.probing() and index < len(self.batches) - 1:
             self._narrow_threads()

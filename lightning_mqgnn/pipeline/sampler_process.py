@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn import SAMPLER_PROCESS_NAME
+from lightning_mqgnn.pipeline.child_signals import ignore_parent_signals
 from lightning_mqgnn.pipeline.resident import ResidentGraph, produce_resident
 from lightning_mqgnn.sampling.batch import MiniBatch
 
@@ -52,6 +53,7 @@ class SamplerProcessError(RuntimeError):
 
 def _serve(conn, device: torch.device) -> None:
     """The child: set up ``device``, take the graph, answer runs of requests until ``None``."""
+    ignore_parent_signals()  # the parent handles them and closes us
     torch.set_num_threads(1)
     cuda = device.type == "cuda"
     if cuda:

@@ -33,10 +33,12 @@ class SequentialLoader(Planned):
         if cache is not None:
             cache.refresh_(epoch)
             resident = resident_rows(cache, source.dataset.features)
-        for i, seeds in enumerate(source.epoch_seeds(epoch, plan.rank, plan.world_size)):
+        batches = source.epoch_seeds(epoch, plan.rank, plan.world_size)
+        for i in range(self.first_batch(plan, len(batches)), len(batches)):
             t0 = time.perf_counter()
-            batch = source.produce_here(epoch, i, seeds)
+            batch = source.produce_here(epoch, i, batches[i])
             if resident is not None:
                 merge_cached_rows(batch, resident)
             batch.meta.update(wait_s=time.perf_counter() - t0, epoch=epoch)
+            self.handed_out(i)
             yield batch

@@ -36,6 +36,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from lightning_mqgnn.pipeline.child_signals import ignore_parent_signals
 from lightning_mqgnn.pipeline.gather import batch_gathers
 from lightning_mqgnn.pipeline.packing import PackedBatch, SlotArena, pack_batch, packed_nbytes, unpack_batch
 from lightning_mqgnn.pipeline.produce import sample_batch
@@ -139,7 +140,7 @@ def _worker_main(
     Any exception is sent back with its formatted traceback and ends the worker. A worker whose
     parent died (even by SIGKILL) notices within ``_POLL_S`` and exits: no orphans.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle; it stops us
+    ignore_parent_signals()  # the parent handles them and stops us
     ppid = os.getppid()
     torch.set_num_threads(num_threads)
     # Every lent slot stays referenced here: torch then finds its mapping in the shared-storage

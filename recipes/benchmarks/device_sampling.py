@@ -296,7 +296,7 @@ def _census_of(
     cache = getattr(sampler, "cache", None)
     source = BatchSource(ds, sampler, batch_size, aggregate_inputs=cache is None, feature_cache=cache)
     loader = DeviceResidentLoader(source, Placement(device, device, "census"))
-    epoch, seeds = loader.begin_epoch()
+    epoch, seeds, _ = loader.begin_epoch()
     n = max(1, min(batches, len(seeds) - 1))
     loader.produce(epoch, len(seeds) - 1, seeds[-1])  # warm-up: scratch arrays, allocator
 

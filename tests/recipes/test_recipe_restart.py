@@ -1,5 +1,6 @@
-"""``torchrun --max-restarts`` with ``ckpt_path=auto``: a rank killed mid-run, the group restarted,
-and the run finished as the one that was never interrupted."""
+"""``torchrun --max-restarts`` with ``ckpt_path=auto``: a rank killed or preempted mid-run, the
+group restarted, and the run finished as the one that was never interrupted; a two-rank job under
+Lightning's launcher preempted by SIGTERM to its process group, and the same command resuming it."""
 
 from __future__ import annotations
 
@@ -69,28 +70,106 @@ def _finish(proc: subprocess.Popen, timeout: float) -> str:
     return out
 
 
-def test_a_killed_rank_restarts_and_the_run_ends_as_if_uninterrupted(tmp_path):
-    straight = _torchrun(tmp_path / "straight")
-    out = _finish(straight, 600)
-    assert straight.returncode == 0, out[-3000:]
-
-    job = tmp_path / "job"
-    proc = _torchrun(job)
-    last = job / "checkpoints" / "last.ckpt"
-    deadline = time.monotonic() + 300
-    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert last.exists(), "no epoch-end checkpoint before the kill"
-    # torchrun's agent is the Popen child; its workers are the agent's children
-    victim = rank_process(proc.pid, 1)
-    assert victim is not None
-    os.kill(victim, signal.SIGKILL)
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    """The last checkpoint of the run that was never interrupted."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    proc = _torchrun(run_dir)
     out = _finish(proc, 600)
     assert proc.returncode == 0, out[-3000:]
-    assert "ckpt_path=auto: resuming from" in out, out[-3000:]  # the restarted group resumed
+    return run_dir / "checkpoints" / "last.ckpt"
 
-    a = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", weights_only=True)
+
+def _wait_for_checkpoint(proc: subprocess.Popen, last: Path) -> None:
+    deadline = time.monotonic() + 300
+    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert last.exists(), "no epoch-end checkpoint before the fault"
+
+
+def _assert_same_end(straight: Path, last: Path) -> None:
+    a = torch.load(straight, weights_only=True)
     b = torch.load(last, weights_only=True)
     assert a["global_step"] == b["global_step"] > 0
     for key in a["state_dict"]:
         assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+
+
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_killed_or_signalled_rank_restarts_and_the_run_ends_as_if_uninterrupted(straight, tmp_path, fault):
+    """SIGKILL: the group restarts from the last epoch-end checkpoint. SIGTERM (a preemption of
+    one rank): both ranks stop at the same step and write ``last.ckpt`` there, and the restarted
+    group resumes inside that epoch."""
+    job = tmp_path / "job"
+    proc = _torchrun(job)
+    last = job / "checkpoints" / "last.ckpt"
+    _wait_for_checkpoint(proc, last)
+    # torchrun's agent is the Popen child; its workers are the agent's children
+    victim = rank_process(proc.pid, 1)
+    assert victim is not None
+    os.kill(victim, fault)
+    out = _finish(proc, 600)
+    assert proc.returncode == 0, out[-3000:]
+    assert "ckpt_path=auto: resuming from" in out, out[-3000:]  # the restarted group resumed
+    if fault == signal.SIGTERM:
+        assert "stopped by SIGTERM at epoch" in out, out[-3000:]
+    _assert_same_end(straight, last)
+
+
+def test_sigterm_to_a_two_rank_job_stops_it_in_one_line_and_the_same_command_resumes(straight, tmp_path):
+    """Lightning's launcher (2 ranks, the pipelined loader's workers): SIGTERM to the whole
+    process group, as a scheduler sends it."""
+    job = tmp_path / "job"
+    cmd = [
+        sys.executable,
+        str(REPO / "recipes" / "train.py"),
+        *RUN,
+        "loader=pipeline",
+        "loader.num_workers=1",
+        "loader.producer=workers",
+        f"hydra.run.dir={job}",
+    ]
+    env = launcher_env()
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    proc = start()
+    last = job / "checkpoints" / "last.ckpt"
+    _wait_for_checkpoint(proc, last)
+    time.sleep(0.5)  # into the next epoch
+    signalled = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    out = _finish(proc, 30)
+    assert time.monotonic() - signalled < 30
+    # Lightning's launcher SIGKILLs rank 0 if it polls after rank 1 has exited and before rank 0 has
+    assert proc.returncode in (128 + signal.SIGTERM, -signal.SIGKILL), out[-3000:]
+    stops = [line for line in out.splitlines() if line.startswith("stopped by")]
+    assert len(stops) <= 1, out[-3000:]
+    assert proc.returncode == -signal.SIGKILL or len(stops) == 1, out[-3000:]
+    assert "Traceback" not in out and "WorkerError" not in out, out[-3000:]
+    time.sleep(1.0)
+    leftover = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == proc.pid and fields[0] != "Z":  # the job's process group
+                leftover.append(int(entry.name))
+    assert not leftover, f"processes of the job outlived it: {leftover}"
+
+    again = start()
+    out = _finish(again, 600)
+    assert again.returncode == 0, out[-3000:]
+    assert "ckpt_path=auto: resuming from" in out, out[-3000:]
+    _assert_same_end(straight, last)
