@@ -47,6 +47,7 @@ from lightning_mqgnn.callbacks import (
 from lightning_mqgnn.callbacks.last_checkpoint import LAST_CHECKPOINT
 from lightning_mqgnn.fullgraph.strategy_base import FullGraphStrategyBase
 from lightning_mqgnn.strategy import AtomicCheckpointIO, CheckpointError, MQGNNStrategy, RankFailure
+from lightning_mqgnn.strategy.rank_failure import peer_failed, rank_failure
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -66,6 +67,30 @@ class _WithoutTips(logging.Filter):
 
 
 _WITHOUT_TIPS = _WithoutTips()
+
+
+class FitPhase(pl.Callback):
+    """The phase of the fit, for a rank failure under a strategy that does not name it (Lightning's
+    DDP): Lightning has left the stage by the time the error reaches the recipe."""
+
+    def __init__(self) -> None:
+        self.phase = "setup"
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, *args) -> None:
+        self.phase = "gradient all-reduce"  # DDP's only collective in a training step
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.phase = "validation"
+
+    @override
+    def on_save_checkpoint(self, trainer: pl.Trainer, *args) -> None:
+        self.phase = "checkpoint"
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.phase = "training"
 
 
 def quiet_lightning() -> None:
@@ -200,7 +225,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # objects) lives for the whole run; freezing it keeps the cyclic collector from scanning it
     # again, which a full collection otherwise does once early in training, inside a step
     gc.freeze()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+    phase = next(c for c in callbacks if isinstance(c, FitPhase))
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+    except RuntimeError as err:  # MQGNNStrategy names a peer's failure itself (RankFailure)
+        if isinstance(err, RankFailure) or not (torch.distributed.is_initialized() and peer_failed(err)):
+            raise
+        raise rank_failure(phase.phase, err) from err
     if checkpoint.best_model_path:
         # the path, not "best": with two checkpoint callbacks Lightning warns about which it reads
         result, best = {"val": float(checkpoint.best_model_score)}, checkpoint.best_model_path
@@ -411,6 +442,7 @@ def recipe_callbacks(
         BatchEarlyStopping(**cfg.early_stopping),
         StageTimingCallback(cuda_sync=False),  # no device wait inside a step: host-side times
         *strategy_callbacks(strategy),
+        FitPhase(),
     ]
     if last_checkpoint:
         if checkpoint_dir is None:

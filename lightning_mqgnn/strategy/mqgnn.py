@@ -32,7 +32,7 @@ from lightning_mqgnn.strategy.model_sync import (
     sync_tensors,
 )
 from lightning_mqgnn.strategy.process_group import destroy_process_group_at_exit
-from lightning_mqgnn.strategy.rank_failure import RankFailure, collective_phase
+from lightning_mqgnn.strategy.rank_failure import RankFailure, collective_phase, remember_peers
 from lightning_mqgnn.strategy.sync_period import (
     DEFAULT_SYNC_SCALE,
     FALLBACK_SYNC_PERIOD,
@@ -158,6 +158,8 @@ class MQGNNStrategy(DDPStrategy):
     def setup_distributed(self) -> None:
         super().setup_distributed()
         destroy_process_group_at_exit()
+        if self.world_size > 2:  # in a group of two a failed peer is the other rank
+            remember_peers()
 
     @override
     def setup(self, trainer: Trainer) -> None:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import re
+import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
+import psutil
 import torch.distributed as dist
 
 # what gloo and NCCL say when the other side of a collective is gone or silent
@@ -19,20 +23,75 @@ _PEER_GONE = (
     "NCCL communicator was aborted",
 )
 _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")  # "[/path/pair.cc:553] "
+# a peer that raised rather than died may take a moment to end: how long to look for its exit
+DEATH_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Where a rank runs: its host and process id."""
+
+    host: str
+    pid: int
+
+
+_peers: list[Peer] = []  # by rank, for the default process group (``remember_peers``)
+
+
+def remember_peers() -> None:
+    """Exchange every rank's host and pid once (a collective: every rank calls it), so that a
+    later failure can name the ranks on this host whose process has ended."""
+    global _peers
+    peers: list[Peer | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(peers, Peer(socket.gethostname(), psutil.Process().pid))
+    _peers = [peer for peer in peers if peer is not None]
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def dead_ranks(rank: int, world: int, grace_s: float = DEATH_GRACE_S) -> list[int]:
+    """The ranks whose process has ended, among those on this host (``remember_peers``); in a
+    group of two where none is seen, the other rank (it is the only peer)."""
+    here = socket.gethostname()
+    local = (
+        [r for r, peer in enumerate(_peers) if r != rank and peer.host == here]
+        if len(_peers) == world
+        else []
+    )
+    deadline = time.monotonic() + grace_s
+    while local:
+        dead = [r for r in local if _ended(_peers[r].pid)]
+        if dead or time.monotonic() >= deadline:
+            if dead:
+                return dead
+            break
+        time.sleep(0.05)
+    return [1 - rank] if world == 2 else []
 
 
 class RankFailure(RuntimeError):
     """Raised on a surviving rank when a collective failed because another rank died or stopped
-    answering: one line naming this rank, the one that failed when it is known (in a group of
-    two, the other), the phase (``phase``: gradient-queue reduction, model synchronisation,
-    checkpoint, validation, ...) and the backend's own first sentence. The backend's exception is
-    its ``__cause__``, with the full traceback."""
+    answering: one line naming this rank, the ones that failed when they are known (on this host,
+    ranks whose process ended; in a group of two, the other), the phase (``phase``:
+    gradient-queue reduction, model synchronisation, checkpoint, validation, ...) and the
+    backend's own first sentence. The backend's exception is its ``__cause__``, with the full
+    traceback."""
 
-    def __init__(self, message: str, phase: str, rank: int, failed_rank: int | None) -> None:
+    def __init__(self, message: str, phase: str, rank: int, failed_ranks: list[int]) -> None:
         super().__init__(message)
         self.phase = phase
         self.rank = rank
-        self.failed_rank = failed_rank
+        self.failed_ranks = failed_ranks
+
+    @property
+    def failed_rank(self) -> int | None:
+        """The failed rank when exactly one is known."""
+        return self.failed_ranks[0] if len(self.failed_ranks) == 1 else None
 
 
 def peer_failed(error: BaseException) -> bool:
@@ -44,8 +103,13 @@ def peer_failed(error: BaseException) -> bool:
 def rank_failure(phase: str, error: BaseException) -> RankFailure:
     """The one-line ``RankFailure`` for ``error``, raised during ``phase``."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    failed = 1 - rank if world == 2 else None
-    who = f"rank {failed}" if failed is not None else "another rank"
+    failed = dead_ranks(rank, world)
+    if not failed:
+        who = "another rank"
+    elif len(failed) == 1:
+        who = f"rank {failed[0]}"
+    else:
+        who = "ranks " + ", ".join(map(str, failed))
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
     reason = _SOURCE_PREFIX.sub("", first_line).split(". ")[0]  # gloo's advice follows its first sentence
     return RankFailure(

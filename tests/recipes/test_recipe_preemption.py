@@ -18,7 +18,7 @@ from helpers.recipe import TRAIN, result_fields
 RUN = (
     "data.scale=0.1",
     "loader=pipeline",
-    "loader.batch_size=64",  # about 150 batches an epoch: a signal lands inside one
+    "loader.batch_size=32",  # about 270 batches an epoch: a signal lands inside one
     "loader.num_workers=1",
     "loader.producer=workers",
     "trainer.max_steps=-1",
@@ -63,8 +63,9 @@ def test_sigterm_to_the_job_stops_it_in_one_line_and_the_same_command_resumes(tm
     deadline = time.monotonic() + 240
     while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
+    # epoch 0 has ended (the signal is checked before the epoch-end checkpoint is written), so the
+    # signal is seen at the end of one of epoch 1's first steps
     assert last.exists(), "no epoch-end checkpoint before the signal"
-    time.sleep(0.3)  # into the next epoch
     workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
     assert workers, "the run has no sampler worker"
     signalled = time.monotonic()

@@ -1,13 +1,21 @@
 """RankFailure: a collective's report that another rank is gone becomes one line naming this rank,
-the failed one where known, and the phase; every other error passes unchanged."""
+the failed ones where known (this host's ranks whose process ended: reaped or a zombie; in a
+group of two, the other), and the phase; every other error passes unchanged."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
 import pytest
 import torch.distributed as dist
 
-from lightning_mqgnn.strategy import RankFailure
-from lightning_mqgnn.strategy.rank_failure import collective_phase, peer_failed
+from lightning_mqgnn.strategy import RankFailure, rank_failure
+from lightning_mqgnn.strategy.rank_failure import Peer, collective_phase, dead_ranks, peer_failed
 
 GLOO_RESET = (
     "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
@@ -55,3 +63,55 @@ def test_without_a_process_group_nothing_is_rewritten():
         raise RuntimeError(GLOO_RESET)
     assert not isinstance(info.value, RankFailure)
     assert peer_failed(dist.DistNetworkError("anything")) and not peer_failed(RuntimeError("shape mismatch"))
+
+
+def _ended_child(reap: bool) -> int:
+    """The pid of a child that has exited: reaped (gone) or not (a zombie)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    if reap:
+        child.wait()
+    else:
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.01)
+        _unreaped.append(child)  # waited for at the end of the test session
+    return child.pid
+
+
+_unreaped: list[subprocess.Popen] = []
+
+
+@pytest.fixture
+def peers(monkeypatch):
+    """Set the peers a failure is judged by: rank -> Peer."""
+
+    def set_peers(*peers):
+        monkeypatch.setattr(rank_failure, "_peers", list(peers))
+
+    yield set_peers
+    for child in _unreaped:
+        child.wait()
+    _unreaped.clear()
+
+
+def test_the_ranks_whose_process_ended_on_this_host_are_named(peers, monkeypatch):
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)  # rank 0 of a group of four
+    monkeypatch.setattr(dist, "get_world_size", lambda: 4)
+    here = socket.gethostname()
+    alive = Peer(here, os.getpid())
+    peers(alive, Peer(here, _ended_child(reap=True)), alive, Peer(here, _ended_child(reap=False)))
+    assert dead_ranks(rank=0, world=4) == [1, 3]
+    error = rank_failure.rank_failure("model synchronisation", RuntimeError("Connection reset by peer"))
+    assert "failed: ranks 1, 3 died or stopped answering" in str(error)
+    assert error.failed_ranks == [1, 3] and error.failed_rank is None
+
+
+def test_a_rank_on_another_host_or_still_running_is_not_named(peers):
+    here = socket.gethostname()
+    peers(Peer(here, os.getpid()), Peer("elsewhere", _ended_child(reap=True)), Peer(here, os.getpid()))
+    start = time.monotonic()
+    assert dead_ranks(rank=0, world=3, grace_s=0.2) == []
+    assert time.monotonic() - start >= 0.2  # it waited for a peer that raised to end
+    peers(Peer(here, os.getpid()), Peer("elsewhere", 1))
+    assert dead_ranks(rank=0, world=2, grace_s=0.0) == [1]  # in a group of two: the other
+    peers()  # peers never exchanged (a group of two)
+    assert dead_ranks(rank=1, world=2) == [0] and dead_ranks(rank=1, world=3) == []
