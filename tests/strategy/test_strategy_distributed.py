@@ -6,9 +6,6 @@ reuses them across ``Trainer.fit`` calls); spawn and torchrun multi-node are lau
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.paths import HELPERS, REPO
-from helpers.processes import launcher_env
+from helpers.processes import run_concurrently, two_node_torchrun
 from helpers.strategy_script import RESUME_COMBOS, RESUME_EPOCHS, SCENARIOS, resume_name
 
 pytestmark = pytest.mark.distributed
@@ -25,40 +22,8 @@ pytestmark = pytest.mark.distributed
 SCRIPT = HELPERS / "strategy_script.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_all(commands: list[list[str]], timeout: float) -> list[subprocess.CompletedProcess]:
-    """Run commands concurrently (one environment) in their own sessions; on timeout kill each process group."""
-    env = launcher_env(MASTER_PORT=str(_free_port()))
-    procs = [
-        subprocess.Popen(
-            cmd,
-            cwd=REPO,
-            env=env,
-            start_new_session=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for cmd in commands
-    ]
-    results = []
-    try:
-        for proc in procs:
-            out, _ = proc.communicate(timeout=timeout)
-            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    for r in results:
-        assert r.returncode == 0, f"{' '.join(r.args)} failed:\n{r.stdout[-6000:]}"
-    return results
+    return run_concurrently(commands, REPO, timeout)
 
 
 def _load(root: Path, scenario: str) -> list[dict]:
@@ -328,29 +293,9 @@ def test_spawn_registry_name(tmp_path):
 
 def test_torchrun_two_nodes(tmp_path):
     """``torchrun --nnodes=2 --nproc_per_node=1`` on localhost: two rendezvous "nodes", num_nodes=2."""
-    port = _free_port()
-    commands = [
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=2",
-            "--nproc_per_node=1",
-            f"--node_rank={rank}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={port}",
-            str(SCRIPT),
-            "--devices",
-            "1",
-            "--num-nodes",
-            "2",
-            "--scenarios",
-            "resume_full",
-            "--out",
-            str(tmp_path),
-        ]
-        for rank in range(2)
-    ]
+    commands = two_node_torchrun(
+        SCRIPT, "--devices", "1", "--num-nodes", "2", "--scenarios", "resume_full", "--out", str(tmp_path)
+    )
     _run_all(commands, timeout=300)
     runs = _load(tmp_path, "resume_full")
     assert len(runs) == 2 and all(r["world_size"] == 2 for r in runs)
