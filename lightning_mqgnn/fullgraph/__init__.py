@@ -1,5 +1,5 @@
 """Full-graph distributed training: METIS partitions and halo exchange (``partition``, ``halo``),
-stochastic quantisation with an adaptive bit width (``quantize``, ``adaptive``), the
+an adaptive bit width for the quantised halo (``adaptive``, over ``lightning_mqgnn.quantize``), the
 ``graph_parallel``, ``pipegcn`` and ``pipeqs`` Lightning strategies over partitions, and GNNPipe's
 layer pipeline over graph chunks (``layout``, ``chunks``, ``layer_pipeline``; strategy ``gnnpipe``)."""
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lightning_mqgnn.fullgraph.quantize import BIT_WIDTHS
+from lightning_mqgnn.quantize import BIT_WIDTHS
 
 
 @dataclass

@@ -27,14 +27,14 @@ from torch import Tensor
 
 from lightning_mqgnn.fullgraph.adaptive import AdaptiveRule, BitWidthController, MessagePolicy
 from lightning_mqgnn.fullgraph.partition import LocalPartition
-from lightning_mqgnn.fullgraph.quantize import (
+from lightning_mqgnn.fullgraph.transport import HaloExchangeError, Transport
+from lightning_mqgnn.quantize import (
     QuantizedRows,
     dequantize,
     expected_noise_sq,
     message_bytes,
     quantize,
 )
-from lightning_mqgnn.fullgraph.transport import HaloExchangeError, Transport
 from lightning_mqgnn.sampling.rng import derived_seed
 
 MODES = ("sync", "stale")

@@ -1,10 +1,12 @@
-"""MQGNNStrategy (RaCoM gradient queues + periodic model sync) and its registry names."""
+"""MQGNNStrategy (RaCoM gradient queues + periodic model sync), its registry names and the
+quantised-gradient comm hook."""
 
 from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_mqgnn.strategy.checkpoint_io import AtomicCheckpointIO, CheckpointError
 from lightning_mqgnn.strategy.comm import CommStats
 from lightning_mqgnn.strategy.mqgnn import CHECKPOINT_KEY, MQGNNStrategy
+from lightning_mqgnn.strategy.quantize_hook import QuantizeState, quantize_hook
 from lightning_mqgnn.strategy.rank_failure import RankFailure
 from lightning_mqgnn.strategy.sync_period import (
     DEFAULT_SYNC_SCALE,
@@ -31,8 +33,10 @@ __all__ = [
     "CommStats",
     "GraphSize",
     "MQGNNStrategy",
+    "QuantizeState",
     "RankFailure",
     "graph_size_from_datamodule",
+    "quantize_hook",
     "register_strategies",
     "sync_period",
 ]

@@ -19,6 +19,14 @@ class CommStats:
     syncs: int = 0  # periodic model synchronisations
     grad_wait_s: float = 0.0  # time blocked waiting for a queued gradient all-reduce
     sync_s: float = 0.0  # time spent in periodic model synchronisation (blocking)
+    # gradient bytes this rank handed to collectives (the all-reduced gradients, or what a comm hook
+    # sent: comm_hook.bucket_payload) in `grad_reductions` steps; NaN once a hook's is not known
+    grad_bytes: float = 0.0
+    grad_reductions: int = 0
+
+    @property
+    def grad_bytes_per_step(self) -> float:
+        return self.grad_bytes / self.grad_reductions if self.grad_reductions else float("nan")
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items()}

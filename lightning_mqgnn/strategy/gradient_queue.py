@@ -11,19 +11,43 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.strategy.comm import PendingReduce, Reducer
+from lightning_mqgnn.strategy.comm_hook import (
+    DEFAULT_BUCKET_CAP_MB,
+    HookedBuckets,
+    QueueBucket,
+    bucket_members,
+)
 
 
 @dataclass
 class _Entry:
-    flats: list[Tensor]  # one flat buffer per (dtype, device) group: grads / world, then presence counts
+    # one flat buffer per (dtype, device) group: grads / world, then presence counts; with a comm
+    # hook, the presence counts alone until the hook's buckets are in
+    flats: list[Tensor]
     pending: PendingReduce | None  # None once the reduction has completed
     local_missing: bool  # this rank lacked a gradient: only then can a count be 0 (read it, a host sync)
+    hooked: Any = None  # the comm hook's work on this step's buckets, None once it is in
 
 
 @dataclass
 class _PresenceCopy:
     counts: list[Tensor]  # per group: how many ranks had each member's gradient, on the host
     ready: Any  # CUDA event marking the end of the copy, None for CPU tensors
+
+
+class UnusedParametersError(RuntimeError):
+    """Parameters that received no gradient on some ranks, in DDP's words (Lightning's DDP strategy
+    rewrites that message into its own, ``MQGNNStrategy.on_exception`` adds ``unused`` back)."""
+
+    def __init__(self, unused: list[str]) -> None:
+        self.unused = unused
+        super().__init__(
+            "Expected to have finished reduction in the prior iteration before starting a new one. This error "
+            "indicates that your module has parameters that were not used in producing loss: "
+            f"{', '.join(unused)}. You can enable unused parameter detection by passing "
+            "`MQGNNStrategy(find_unused_parameters=True)` (they then average over the ranks that have a "
+            "gradient, counting the others as zero, and stay None where no rank has one)"
+        )
 
 
 @dataclass(frozen=True)
@@ -45,9 +69,16 @@ class GradientQueue:
 
     With ``allow_missing=False`` (DDP's ``find_unused_parameters=False``) a parameter that lacked a
     gradient on any rank is an error naming it (from ``names``), raised on every rank at once: the presence
-    counts are reduced with the gradients, so all ranks see the same counts. The counts are copied to the
-    host asynchronously and read at the next application, so the check costs no device synchronisation
-    and, like DDP's, reports the step after the one that lacked the gradient.
+    counts are reduced with the gradients, so all ranks see the same counts. Counts in host memory (CPU
+    training) are checked when the step is applied, the first step whose averaged gradient is used;
+    device counts are copied to the host asynchronously and read at the next application, so the check
+    costs no device synchronisation and, like DDP's, reports the step after.
+
+    ``hook`` (``comm_hook.HookedBuckets``): a DDP communication hook reduces the gradients instead, in
+    buckets of at most ``bucket_cap_mb`` (DDP's argument), from the local gradients (the hook averages,
+    as under DDP); the presence counts are still all-reduced on their own. ``bytes_sent`` counts the
+    gradient bytes this rank handed to collectives over ``reductions`` steps (a hook's when its
+    reduction completes; None once a hook's traffic is not known).
     """
 
     def __init__(
@@ -57,6 +88,8 @@ class GradientQueue:
         reducer: Reducer,
         allow_missing: bool = True,
         names: list[str] | None = None,
+        hook: HookedBuckets | None = None,
+        bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
     ) -> None:
         if staleness < 0:
             raise ValueError(f"GradientQueue: staleness must be >= 0, got {staleness!r}")
@@ -70,6 +103,16 @@ class GradientQueue:
         self._groups = self._group_params(params)
         self._queue: deque[_Entry] = deque()
         self._presence: _PresenceCopy | None = None
+        self.hook = hook
+        cap = int(bucket_cap_mb * 2**20)
+        # (group index, members) of each bucket: a group's buckets cover its members in order
+        self._buckets = [
+            (g, members)
+            for g, group in enumerate(self._groups)
+            for members in bucket_members(params, group.members, cap)
+        ]
+        self.bytes_sent: int | None = 0
+        self.reductions = 0  # the steps whose bytes ``bytes_sent`` holds
 
     @staticmethod
     def _group_params(params: list[Tensor]) -> list[_Group]:
@@ -84,27 +127,52 @@ class GradientQueue:
     def __len__(self) -> int:
         return len(self._queue)
 
+    def take_sent(self) -> tuple[int | None, int]:
+        """``(bytes_sent, reductions)`` since the last call (bytes None: a hook's are not known)."""
+        sent, reductions = self.bytes_sent, self.reductions
+        self.bytes_sent = 0 if sent is not None else None
+        self.reductions = 0
+        return sent, reductions
+
     def ready(self) -> bool:
         """True when a gradient at least ``staleness`` steps old is queued."""
         return len(self._queue) > self.staleness
 
+    def _local_gradients(self, members: tuple[int, ...]) -> list[Tensor]:
+        return [
+            self.params[i].grad.reshape(-1)
+            if self.params[i].grad is not None
+            else self.params[i].new_zeros(self.params[i].numel())
+            for i in members
+        ]
+
+    def _presence_flags(self, members: tuple[int, ...]) -> list[Tensor]:
+        # built on the device (a fill, no host-to-device copy)
+        return [self.params[i].new_full((1,), float(self.params[i].grad is not None)) for i in members]
+
     def push(self) -> None:
         """Start the asynchronous all-reduce of the current local gradients."""
-        flats, missing = [], False
+        missing = any(p.grad is None for p in self.params)
+        if self.hook is not None:
+            counts = [torch.cat(self._presence_flags(group.members)) for group in self._groups]
+            pending = self.reducer.launch(counts)
+            last = len(self._buckets) - 1
+            buckets = [
+                QueueBucket(
+                    b, torch.cat(self._local_gradients(members)), [self.params[i] for i in members], b == last
+                )
+                for b, (_, members) in enumerate(self._buckets)
+            ]
+            self._queue.append(_Entry(counts, pending, missing, self.hook.submit(buckets)))
+            return
+        flats = []
         for group in self._groups:
-            grads = [self.params[i].grad for i in group.members]
-            pieces = [
-                g.reshape(-1) if g is not None else self.params[i].new_zeros(self.params[i].numel())
-                for i, g in zip(group.members, grads)
-            ]
-            # presence flags built on the device (a fill, no host-to-device copy)
-            pieces += [
-                self.params[i].new_full((1,), float(g is not None)) for i, g in zip(group.members, grads)
-            ]
-            missing = missing or any(g is None for g in grads)
-            flat = torch.cat(pieces)
+            flat = torch.cat(self._local_gradients(group.members) + self._presence_flags(group.members))
             flat[: group.numel].div_(self.reducer.world_size)
             flats.append(flat)
+        if self.bytes_sent is not None:
+            self.bytes_sent += sum(g.numel * flat.element_size() for g, flat in zip(self._groups, flats))
+        self.reductions += 1
         self._queue.append(_Entry(flats, self.reducer.launch(flats), missing))
 
     def apply_oldest(self) -> float:
@@ -114,6 +182,8 @@ class GradientQueue:
         if not self.allow_missing:
             self._check_presence()  # the previous application's counts
             self._copy_presence(entry)
+            if self._presence is not None and self._presence.ready is None:
+                self._check_presence()  # host counts: this step's, now
         for group, flat in zip(self._groups, entry.flats):
             # counts are >= 1 wherever this rank had a gradient; read them (host sync) only otherwise
             counts = flat[group.numel :].tolist() if entry.local_missing else [1.0] * len(group.members)
@@ -147,21 +217,25 @@ class GradientQueue:
         for group, counts in zip(self._groups, copy.counts):
             missing += [(self.names[i], int(c)) for i, c in zip(group.members, counts.tolist()) if c < world]
         if missing:
-            listed = ", ".join(f"{name} ({count}/{world} ranks)" for name, count in missing)
-            raise RuntimeError(
-                "MQGNNStrategy: parameters received no gradient on some ranks, so they were not used in "
-                f"producing the loss: {listed}. If this is intentional, pass "
-                "`MQGNNStrategy(find_unused_parameters=True)` (they then average over the ranks that have a "
-                "gradient, counting the others as zero, and stay None where no rank has one)"
-            )
+            raise UnusedParametersError([f"{name} ({count}/{world} ranks)" for name, count in missing])
 
-    @staticmethod
-    def _complete(entry: _Entry) -> float:
-        if entry.pending is None:
+    def _complete(self, entry: _Entry) -> float:
+        """Wait for ``entry``'s reductions; with a hook, assemble its flats. The seconds blocked."""
+        if entry.pending is None and entry.hooked is None:
             return 0.0
         start = time.perf_counter()
-        entry.pending.wait()
-        entry.pending = None
+        if entry.pending is not None:
+            entry.pending.wait()
+            entry.pending = None
+        if entry.hooked is not None:
+            reduced, sent = HookedBuckets.wait(entry.hooked)
+            entry.hooked = None
+            parts: list[list[Tensor]] = [[] for _ in self._groups]
+            for (g, _), buffer in zip(self._buckets, reduced):
+                parts[g].append(buffer.reshape(-1).to(self._groups[g].dtype))
+            entry.flats = [torch.cat([*grads, counts]) for grads, counts in zip(parts, entry.flats)]
+            self.bytes_sent = None if sent is None or self.bytes_sent is None else self.bytes_sent + sent
+            self.reductions += 1
         return time.perf_counter() - start
 
     def drain(self) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -19,12 +20,20 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.nn import Module
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_mqgnn.strategy.checkpoint_io import AtomicCheckpointIO
 from lightning_mqgnn.strategy.comm import AllReduce, CommStats, Reducer
-from lightning_mqgnn.strategy.gradient_queue import GradientQueue
+from lightning_mqgnn.strategy.comm_hook import (
+    DEFAULT_BUCKET_CAP_MB,
+    CommHook,
+    HookedBuckets,
+    new_hook_group,
+    with_process_group,
+)
+from lightning_mqgnn.strategy.gradient_queue import GradientQueue, UnusedParametersError
 from lightning_mqgnn.strategy.model_sync import (
     average_across_ranks,
     broadcast_buffers,
@@ -41,11 +50,14 @@ from lightning_mqgnn.strategy.sync_period import (
 )
 
 CHECKPOINT_KEY = "mqgnn_strategy"
-# DDPStrategy arguments that configure the DistributedDataParallel wrapper or its comm hooks: used as
-# DDP uses them at staleness 0; staleness > 0 has no wrapper, so there they are an error.
-_WRAPPER_ONLY_ARGS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
 # DistributedDataParallel keyword arguments that keep a meaning without the wrapper.
-_QUEUE_DDP_KWARGS = frozenset({"find_unused_parameters", "broadcast_buffers"})
+_QUEUE_DDP_KWARGS = frozenset({"find_unused_parameters", "broadcast_buffers", "bucket_cap_mb"})
+# the others, accepted at staleness > 0 only where they hold DistributedDataParallel's default
+_DDP_DEFAULTS = {
+    name: parameter.default
+    for name, parameter in inspect.signature(DistributedDataParallel.__init__).parameters.items()
+    if parameter.default is not inspect.Parameter.empty
+}
 
 
 class MQGNNStrategy(DDPStrategy):
@@ -57,7 +69,13 @@ class MQGNNStrategy(DDPStrategy):
 
     ``staleness > 0`` replaces the wrapper by a gradient queue per optimiser: after each backward the
     step's gradients are all-reduced asynchronously, and the optimiser applies the averaged gradient of
-    the step ``staleness`` steps earlier, so communication overlaps the next batch. The first
+    the step ``staleness`` steps earlier, so communication overlaps the next batch. DDP's
+    communication hooks (``ddp_comm_hook``, ``ddp_comm_state``, ``ddp_comm_wrapper``: torch's fp16
+    and bf16 compression, PowerSGD, ``quantize_hook``, a user's own) reduce the queue's buckets
+    (``bucket_cap_mb``) instead, on a thread and a process group of their own
+    (``comm_hook.HookedBuckets``); a hook state whose process group is None gets that group. At
+    staleness 0 the hooks are DDP's, registered on the CPU too (Lightning registers them on CUDA
+    only). The first
     ``staleness`` steps of a run have no averaged gradient yet and do not update the weights (queue fill;
     every rank keeps identical weights). Every ``sync_period`` optimiser steps (eq. 23 when None)
     parameters, float buffers and optimiser state are averaged across ranks.
@@ -84,8 +102,10 @@ class MQGNNStrategy(DDPStrategy):
         sync_scale: the scale factor k of eq. 23 (see ``DEFAULT_SYNC_SCALE`` for the choice).
         sync_optimizer_state: also average the optimiser's per-parameter tensors at each sync.
         **kwargs: passed to ``DDPStrategy`` (accelerator, cluster_environment, process_group_backend, timeout,
-            start_method, DDP keyword arguments, comm hooks). At staleness > 0 only ``find_unused_parameters``
-            and ``broadcast_buffers`` of the DDP arguments apply; the others are rejected.
+            start_method, DDP keyword arguments, comm hooks). At staleness > 0 ``find_unused_parameters``,
+            ``broadcast_buffers`` and ``bucket_cap_mb`` of the DDP keyword arguments apply; the others are
+            accepted at DDP's default and rejected otherwise, as is ``model_averaging_period``
+            (post-local SGD: the periodic model synchronisation, ``sync_period``, is the queue's).
     """
 
     def __init__(
@@ -98,13 +118,12 @@ class MQGNNStrategy(DDPStrategy):
     ) -> None:
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
             raise ValueError(f"MQGNNStrategy: staleness must be an integer >= 0, got {staleness!r}")
-        if staleness > 0:
-            for name in _WRAPPER_ONLY_ARGS:
-                if kwargs.get(name) is not None:
-                    raise ValueError(
-                        f"MQGNNStrategy: `{name}` configures DistributedDataParallel's comm hooks, which exist "
-                        f"only at staleness 0 (got staleness={staleness})"
-                    )
+        if staleness > 0 and kwargs.get("model_averaging_period") is not None:
+            raise ValueError(
+                "MQGNNStrategy: `model_averaging_period` (post-local SGD) averages the models of a "
+                f"DistributedDataParallel wrapper, which staleness={staleness} has not; the gradient queue "
+                "averages the models every `sync_period` steps"
+            )
         if sync_period is not None and (
             isinstance(sync_period, bool) or not isinstance(sync_period, int) or sync_period < 1
         ):
@@ -115,13 +134,24 @@ class MQGNNStrategy(DDPStrategy):
             raise ValueError(f"MQGNNStrategy: sync_scale must be > 0, got {sync_scale!r}")
         kwargs.setdefault("checkpoint_io", AtomicCheckpointIO())
         super().__init__(**kwargs)
-        unsupported = sorted(set(self._ddp_kwargs) - _QUEUE_DDP_KWARGS)
+        unsupported = sorted(
+            name
+            for name, value in self._ddp_kwargs.items()
+            if name not in _QUEUE_DDP_KWARGS and (name not in _DDP_DEFAULTS or value != _DDP_DEFAULTS[name])
+        )
         if staleness > 0 and unsupported:
             raise ValueError(
                 f"MQGNNStrategy: DistributedDataParallel argument(s) {unsupported} configure the DDP wrapper, "
                 f"which exists only at staleness 0 (got staleness={staleness}); at staleness > 0 only "
-                f"{sorted(_QUEUE_DDP_KWARGS)} apply"
+                f"{sorted(_QUEUE_DDP_KWARGS)} apply, and the others at DDP's defaults"
             )
+        cap = self._ddp_kwargs.get("bucket_cap_mb")
+        self.bucket_cap_mb = float(cap) if cap is not None else DEFAULT_BUCKET_CAP_MB
+        hook, wrapper = kwargs.get("ddp_comm_hook"), kwargs.get("ddp_comm_wrapper")
+        self.comm_hook: CommHook | None = wrapper(hook) if hook is not None and wrapper is not None else hook
+        self.comm_hook_state = kwargs.get("ddp_comm_state")
+        self._hooked: HookedBuckets | None = None
+        self._hook_group: Any = None
         self.staleness = staleness
         self.sync_scale = float(sync_scale)
         self.sync_optimizer_state = sync_optimizer_state
@@ -160,6 +190,8 @@ class MQGNNStrategy(DDPStrategy):
         destroy_process_group_at_exit()
         if self.world_size > 2:  # in a group of two a failed peer is the other rank
             remember_peers()
+        if self.staleness > 0 and self.comm_hook is not None and self._hook_group is None:
+            self._hook_group = new_hook_group(dist.get_backend())
 
     @override
     def setup(self, trainer: Trainer) -> None:
@@ -187,6 +219,10 @@ class MQGNNStrategy(DDPStrategy):
     def configure_ddp(self) -> None:
         if self.staleness == 0:
             super().configure_ddp()
+            if self.comm_hook is not None and self.root_device.type != "cuda":
+                # Lightning registers the hooks on CUDA only; DDP runs them on any backend
+                assert isinstance(self.model, DistributedDataParallel)
+                self.model.register_comm_hook(self.comm_hook_state, self.comm_hook)
             return
         # No wrapper: the gradient queue exchanges gradients. Start from rank 0's parameters and buffers,
         # as DDP's constructor does.
@@ -206,6 +242,10 @@ class MQGNNStrategy(DDPStrategy):
         except RankFailure:
             if not failing:
                 raise
+        finally:
+            if self._hooked is not None:
+                self._hooked.close(timeout=None if not failing else 5.0)
+                self._hooked = None
         self._queues = {}
         self._reducer = None
         super().teardown()
@@ -215,6 +255,8 @@ class MQGNNStrategy(DDPStrategy):
         state = super().__getstate__()
         state["_reducer"] = None
         state["_queues"] = {}
+        state["_hooked"] = None
+        state["_hook_group"] = None
         return state
 
     # ----------------------------------------------------------------- Lightning's collectives
@@ -286,6 +328,15 @@ class MQGNNStrategy(DDPStrategy):
             self._reducer = self.make_reducer()
         return self._reducer
 
+    def _get_hooked(self) -> HookedBuckets | None:
+        """The thread that runs the comm hook on every queue's buckets (one for all, in push order)."""
+        if self.comm_hook is None:
+            return None
+        if self._hooked is None:
+            group = self._hook_group if self._hook_group is not None else dist.group.WORLD
+            self._hooked = HookedBuckets(self.comm_hook, with_process_group(self.comm_hook_state, group))
+        return self._hooked
+
     def _get_queue(self, optimizer: Optimizer) -> GradientQueue:
         index = next((i for i, opt in enumerate(self.optimizers) if opt is optimizer), None)
         if index is None:
@@ -303,6 +354,8 @@ class MQGNNStrategy(DDPStrategy):
                 self._get_reducer(),
                 allow_missing=self.find_unused_parameters,
                 names=[names.get(id(p), f"optimizer {index} parameter {i}") for i, p in enumerate(params)],
+                hook=self._get_hooked(),
+                bucket_cap_mb=self.bucket_cap_mb,
             )
             if index in self._restored_queues:
                 queue.load_state_dict(self._restored_queues.pop(index))
@@ -322,7 +375,10 @@ class MQGNNStrategy(DDPStrategy):
         if self.staleness == 0:  # DDP's reducer has averaged the gradients during backward
             stats.applied_steps += 1
             with collective_phase("gradient all-reduce"):
-                return super().optimizer_step(optimizer, closure, model, **kwargs)
+                output = super().optimizer_step(optimizer, closure, model, **kwargs)
+            stats.grad_bytes = self._ddp_grad_bytes(optimizer)
+            stats.grad_reductions += 1
+            return output
 
         queue = self._get_queue(optimizer)
         calls = 0
@@ -351,9 +407,29 @@ class MQGNNStrategy(DDPStrategy):
             output = closure_then_exchange()
             stats.skipped_steps += 1
 
+        sent, reductions = queue.take_sent()
+        stats.grad_bytes = float("nan") if sent is None else stats.grad_bytes + sent
+        stats.grad_reductions += reductions
         if self.sync_period is not None and stats.steps % self.sync_period == 0:
             self.synchronise_model()
         return output
+
+    def _ddp_grad_bytes(self, optimizer: Optimizer) -> float:
+        """``comm_stats.grad_bytes`` after a DDP step: every trainable parameter's gradient once
+        a step, or what the comm hook says it sent (a state that counts, as ``QuantizeState``)."""
+        if self.comm_hook is None:
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+            return self.comm_stats.grad_bytes + sum(p.numel() * p.element_size() for p in params)
+        counted = getattr(self.comm_hook_state, "bytes_sent", None)
+        return float(counted) if isinstance(counted, int) else float("nan")
+
+    def result_fields(self) -> str:
+        """RESULT fields of a fit: the staleness in force, gradient bytes and wait per step."""
+        stats = self.comm_stats
+        return (
+            f" staleness={self.staleness} grad_mb_per_step={stats.grad_bytes_per_step / 2**20:.4f}"
+            f" grad_wait_ms_per_step={1000 * stats.grad_wait_s / max(stats.steps, 1):.3f}"
+        )
 
     def synchronise_model(self) -> None:
         """Average parameters, float buffers and (optionally) optimiser state across ranks (RaCoM sync)."""
@@ -364,6 +440,16 @@ class MQGNNStrategy(DDPStrategy):
             average_across_ranks(tensors, self._get_reducer())
         self.comm_stats.sync_s += time.perf_counter() - start
         self.comm_stats.syncs += 1
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)  # DDP's unused-parameter message becomes Lightning's
+        if isinstance(exception, UnusedParametersError) and exception.args:
+            unused = ", ".join(exception.unused)
+            exception.args = (
+                f"{exception.args[0]} Without a gradient on some ranks: {unused}.",
+                *exception.args[1:],
+            )
 
     # ----------------------------------------------------------------- checkpointing
     def state_dict(self) -> dict[str, Any]:

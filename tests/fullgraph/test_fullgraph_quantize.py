@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lightning_mqgnn.fullgraph import AdaptiveRule, BitWidthController
-from lightning_mqgnn.fullgraph.quantize import (
+from lightning_mqgnn.quantize import (
     QuantizedRows,
     dequantize,
     expected_noise_sq,

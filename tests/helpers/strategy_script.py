@@ -15,11 +15,12 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_mqgnn.strategy  # noqa: F401  (registers "mqgnn" / "mqgnn_spawn")
 from lightning_mqgnn.callbacks import CommStatsMonitor
-from lightning_mqgnn.strategy import MQGNNStrategy
+from lightning_mqgnn.strategy import MQGNNStrategy, QuantizeState, quantize_hook
 
 
 class Regressor(pl.LightningModule):
@@ -169,7 +170,9 @@ class ContractRecorder(pl.Callback):
         with trainer.strategy.block_backward_sync():
             self.record["grad_sync_inside_block"] = getattr(model, "require_backward_grad_sync", None)
         self.record["grad_sync_outside_block"] = getattr(model, "require_backward_grad_sync", None)
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not getattr(
+            trainer.strategy, "comm_hook", None
+        ):
             record = self.record
 
             def counting_allreduce(state, bucket):  # DDP's default all-reduce, counted
@@ -232,6 +235,66 @@ SCENARIOS = {
     "unused_err_s0": (dict(staleness=0), dict(unused=True, epochs=1, expect_error=True)),
     "unused_err_s1": (dict(staleness=1), dict(unused=True, epochs=1, expect_error=True)),
 }
+
+
+class _Counting:
+    """A hook state that counts the hook's calls; its collectives go to ``process_group``."""
+
+    def __init__(self) -> None:
+        self.process_group = None
+        self.calls = 0
+
+
+def _counting_hook(state, bucket):  # DDP's default all-reduce, counted
+    state.calls += 1
+    return default_hooks.allreduce_hook(state.process_group, bucket)
+
+
+# DDP communication hooks: the gradient queue's buckets at staleness 1 (tiny buckets: several a step)
+# and DDP's own at staleness 0 on the CPU; each fit against auto_sgd_s1 (or s0_sgd)
+def _hooked(staleness: int, hook, state=None, **kwargs) -> dict:
+    period = {"sync_period": 1000} if staleness else {}
+    return dict(
+        staleness=staleness,
+        ddp_comm_hook=hook,
+        ddp_comm_state=state,
+        bucket_cap_mb=0.0005,
+        **period,
+        **kwargs,
+    )
+
+
+def _power_sgd(rank: int) -> powerSGD_hook.PowerSGDState:
+    return powerSGD_hook.PowerSGDState(
+        process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2
+    )
+
+
+HOOK_FIT = dict(optimizer="sgd", lr=0.05, epochs=2)
+SCENARIOS.update(
+    {
+        "hook_allreduce_s1": (_hooked(1, default_hooks.allreduce_hook), HOOK_FIT),
+        "hook_fp16_s1": (_hooked(1, default_hooks.fp16_compress_hook), HOOK_FIT),
+        "hook_powersgd_s1": (_hooked(1, powerSGD_hook.powerSGD_hook, _power_sgd(1)), HOOK_FIT),
+        "hook_fp16_powersgd_s1": (
+            _hooked(
+                1,
+                powerSGD_hook.powerSGD_hook,
+                _power_sgd(1),
+                ddp_comm_wrapper=default_hooks.fp16_compress_wrapper,
+            ),
+            HOOK_FIT,
+        ),
+        "hook_quant4_s1": (_hooked(1, quantize_hook, QuantizeState(bits=4)), HOOK_FIT),
+        "hook_quant4_ef_s1": (
+            _hooked(1, quantize_hook, QuantizeState(bits=4, error_feedback=True)),
+            HOOK_FIT,
+        ),
+        "hook_quant4_s0": (_hooked(0, quantize_hook, QuantizeState(bits=4)), HOOK_FIT),
+        "hook_count_s0": (_hooked(0, _counting_hook, _Counting()), HOOK_FIT),
+        "hook_count_s1": (_hooked(1, _counting_hook, _Counting()), HOOK_FIT),
+    }
+)
 
 # Resume from a mid-run checkpoint: (staleness, sync_period, accumulate_grad_batches, per-step LR schedule).
 RESUME_COMBOS = [
@@ -350,6 +413,7 @@ def run_scenario(name: str, strategy_spec, opts: dict, out_root: Path, devices: 
             "after_fit": after_fit,
             "error": error,
             "stats": None if stats is None else stats.as_dict(),
+            "hook_calls": getattr(getattr(trainer.strategy, "comm_hook_state", None), "calls", None),
             "logged": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("comm/")},
             "sync_period": getattr(trainer.strategy, "sync_period", None),
             "strategy": type(trainer.strategy).__name__,

@@ -174,6 +174,32 @@ def test_gnnpipe_recipe_reports_bytes_staleness_and_memory(tmp_path):
     assert 0.0 <= float(result["test"]) <= 1.0
 
 
+@pytest.mark.distributed
+def test_compressed_gradient_queues_report_their_bytes(tmp_path):
+    """strategy=mqgnn_q4 (4-bit quantised buckets) and mqgnn_powersgd on 2 ranks: the RESULT line
+    gives the staleness and the gradient megabytes and wait per step; 4 bits send at most a
+    seventh of the float32 queue's bytes."""
+    results = {}
+    for strategy in ("mqgnn", "mqgnn_q4", "mqgnn_powersgd"):
+        proc = run_recipe(
+            tmp_path / strategy,
+            f"strategy={strategy}",
+            "data.scale=0.02",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            "trainer.max_epochs=3",
+            "trainer.max_steps=-1",
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[strategy] = result_fields(proc.stdout)
+        assert results[strategy]["staleness"] == "1"
+        assert float(results[strategy]["grad_wait_ms_per_step"]) >= 0.0
+    plain, quantised = (float(results[s]["grad_mb_per_step"]) for s in ("mqgnn", "mqgnn_q4"))
+    assert 0 < quantised <= plain / 7
+    # PowerSGD's first 10 steps are a plain all-reduce (start_powerSGD_iter): 6 steps here
+    assert float(results["mqgnn_powersgd"]["grad_mb_per_step"]) == pytest.approx(plain, rel=1e-3)
+
+
 def test_impossible_pipeline_layout_is_one_error_line(tmp_path):
     """More stages than the model has convolutions: one error line naming both numbers."""
     proc = run_recipe(tmp_path, "strategy=gnnpipe", "model=gcnii_8", "strategy.stages=9", "data.scale=0.01")

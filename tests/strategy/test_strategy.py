@@ -21,7 +21,7 @@ from lightning_mqgnn.strategy import (
     graph_size_from_datamodule,
     sync_period,
 )
-from lightning_mqgnn.strategy.gradient_queue import GradientQueue
+from lightning_mqgnn.strategy.gradient_queue import GradientQueue, UnusedParametersError
 from lightning_mqgnn.strategy.model_sync import average_across_ranks, sync_tensors
 
 
@@ -166,11 +166,13 @@ def test_queue_without_allow_missing_names_the_parameters_without_gradient():
     queue.push()
     _set_grads(params, 2)
     queue.push()
-    queue.apply_oldest()  # step 0's gradients; their counts are read at the next application
-    _set_grads(params, 3)
-    queue.push()
-    with pytest.raises(RuntimeError, match=r"c \(1/2 ranks\).*find_unused_parameters=True"):
+    # step 0's gradients, the first applied: host counts are checked as they are applied
+    with pytest.raises(UnusedParametersError, match=r"c \(1/2 ranks\).*find_unused_parameters=True") as info:
         queue.apply_oldest()
+    assert info.value.unused == ["c (1/2 ranks)"]
+    assert str(info.value).startswith(
+        "Expected to have finished reduction in the prior iteration"
+    )  # DDP's words
     queue = GradientQueue(params, 0, OtherRankReducer(), allow_missing=False)
     for step in range(3):  # every rank had every gradient: no error
         _set_grads(params, step)
@@ -181,7 +183,8 @@ def test_queue_without_allow_missing_names_the_parameters_without_gradient():
 
 @pytest.mark.gpu
 def test_queue_presence_check_on_cuda_reads_the_counts_a_step_late():
-    """On CUDA the counts travel to the host with a non-blocking copy and an event; the error is the same."""
+    """On CUDA the counts travel to the host with a non-blocking copy and an event, read at the next
+    application (no device synchronisation); the error is the same, a step later."""
     require_cuda()
     params = [nn.Parameter(p.detach().cuda()) for p in _params()]
     queue = GradientQueue(params, 0, OtherRankReducer(), allow_missing=False, names=["a", "b", "c"])
@@ -266,9 +269,9 @@ def test_registry_names_and_defaults():
         ({"staleness": 1.5}, "staleness"),
         ({"sync_period": 0}, "sync_period"),
         ({"sync_scale": 0.0}, "sync_scale"),
-        ({"ddp_comm_hook": lambda s, b: b}, "ddp_comm_hook"),
         ({"static_graph": True}, "static_graph"),
-        ({"bucket_cap_mb": 5}, "bucket_cap_mb"),
+        ({"gradient_as_bucket_view": True}, "gradient_as_bucket_view"),
+        ({"model_averaging_period": 4}, "sync_period"),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs, match):
@@ -315,6 +318,17 @@ def test_staleness_zero_accepts_every_ddp_argument():
     assert strategy._ddp_comm_hook is _hook
     queue_only = MQGNNStrategy(staleness=1, find_unused_parameters=True, broadcast_buffers=False)
     assert queue_only.find_unused_parameters and not queue_only.broadcasts_buffers
+
+
+def test_staleness_one_takes_comm_hooks_buckets_and_ddp_defaults():
+    """The queue applies DDP's comm hooks in buckets of ``bucket_cap_mb``; wrapper arguments that hold
+    DDP's default mean nothing without the wrapper and are accepted."""
+    strategy = MQGNNStrategy(
+        staleness=1, ddp_comm_hook=_hook, bucket_cap_mb=5, static_graph=False, gradient_as_bucket_view=False
+    )
+    assert strategy.comm_hook is _hook and strategy.bucket_cap_mb == 5.0
+    wrapped = MQGNNStrategy(staleness=1, ddp_comm_hook=_hook, ddp_comm_wrapper=lambda hook: (hook, "wrapped"))
+    assert wrapped.comm_hook == (_hook, "wrapped")
 
 
 def _hook(state, bucket):

@@ -6,6 +6,7 @@ reuses them across ``Trainer.fit`` calls); spawn and torchrun multi-node are lau
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -259,9 +260,13 @@ def test_unused_parameters(popen_runs):
             "find_unused_parameters=True" in run["error"]
             and "were not used in producing the loss" in run["error"]
         )
-    for run in _load(popen_runs, "unused_err_s1"):
+    for run in _load(popen_runs, "unused_err_s1"):  # DDP's words, as Lightning rewrites them, and the names
+        assert "were not used in producing the loss" in run["error"]
         assert "unused.weight (0/2 ranks), unused.bias (0/2 ranks)" in run["error"]
         assert "find_unused_parameters=True" in run["error"]
+    # both raise in the second step: the first whose gradients DDP's reducer (or the queue) awaits
+    for name in ("unused_err_s0", "unused_err_s1"):
+        assert [run["global_step"] for run in _load(popen_runs, name)] == [1, 1], name
     for name in ("unused_ok_s0", "unused_ok_s1"):
         for run in _load(popen_runs, name):
             assert run["error"] is None and run["after_fit"]["unused_grad_is_none"] is True
@@ -301,3 +306,51 @@ def test_torchrun_two_nodes(tmp_path):
     assert len(runs) == 2 and all(r["world_size"] == 2 for r in runs)
     assert runs[0]["global_step"] == 16 and runs[0]["stats"]["syncs"] == 5
     assert torch.equal(runs[0]["params"], runs[1]["params"])
+
+
+def _bytes_per_step(run: dict) -> float:
+    return run["stats"]["grad_bytes"] / run["stats"]["grad_reductions"]
+
+
+def test_comm_hooks_reduce_the_gradient_queue(popen_runs):
+    """DDP's comm hooks on the gradient queue's buckets at staleness 1: torch's all-reduce hook gives
+    the queue's own floats; fp16, PowerSGD (alone and under the fp16 wrapper) and the 4-bit
+    quantisation hook give every rank the same averaged gradient, train, send fewer bytes and stay
+    near the uncompressed run."""
+    base = _load(popen_runs, "auto_sgd_s1")
+    full = _bytes_per_step(base[0])
+    assert full == base[0]["params"].numel() * 4  # every gradient in float32, once a step
+    allreduce = _load(popen_runs, "hook_allreduce_s1")
+    for rank in range(2):
+        assert torch.equal(allreduce[rank]["params"], base[rank]["params"])
+    assert _bytes_per_step(allreduce[0]) == full
+    for name, most in [
+        ("hook_fp16_s1", 0.5),
+        ("hook_powersgd_s1", 0.6),
+        ("hook_fp16_powersgd_s1", None),  # a wrapped hook: its traffic is not known
+        ("hook_quant4_s1", 1 / 7),
+        ("hook_quant4_ef_s1", 1 / 7),
+    ]:
+        runs = _load(popen_runs, name)
+        assert torch.equal(runs[0]["params"], runs[1]["params"]), name  # the same average on each rank
+        assert not torch.equal(runs[0]["params"], base[0]["params"]), name  # the hook did reduce
+        assert float((runs[0]["params"] - base[0]["params"]).abs().max()) < 0.05, name
+        assert runs[0]["final_loss"] < runs[0]["init_loss"], name
+        sent = _bytes_per_step(runs[0])
+        assert math.isnan(sent) if most is None else sent <= most * full, (name, sent, full)
+
+
+def test_a_user_comm_hook_runs_at_every_staleness(popen_runs):
+    """A hook of the user's own is called on every bucket: at staleness 1 by the queue (tiny buckets:
+    several a step), at staleness 0 by DDP's reducer on the CPU too (Lightning registers hooks on
+    CUDA only). The quantisation hook also works under DDP."""
+    queue = _load(popen_runs, "hook_count_s1")[0]
+    steps = int(queue["stats"]["steps"])
+    assert queue["hook_calls"] % steps == 0 and queue["hook_calls"] // steps >= 2
+    assert torch.equal(queue["params"], _load(popen_runs, "auto_sgd_s1")[0]["params"])
+    ddp = _load(popen_runs, "hook_count_s0")[0]
+    assert ddp["hook_calls"] >= int(ddp["stats"]["steps"]) > 0
+    quantised, plain = _load(popen_runs, "hook_quant4_s0"), _load(popen_runs, "s0_sgd")
+    assert torch.equal(quantised[0]["params"], quantised[1]["params"])
+    assert quantised[0]["final_loss"] < quantised[0]["init_loss"]
+    assert _bytes_per_step(quantised[0]) <= _bytes_per_step(plain[0]) / 7

@@ -1,4 +1,5 @@
-"""Row-wise stochastic quantisation of halo messages to 2, 4 or 8 bits, packed into bytes.
+"""Row-wise stochastic quantisation to 2, 4 or 8 bits, packed into bytes: PipeQS's halo messages
+and the gradient queue's quantised buckets (``strategy/quantize_hook.py``) share it.
 
 Each row ``x`` is mapped to ``q = floor((x - min) / step + u)`` with ``u ~ U[0, 1)`` and
 ``step = (max - min) / (2^b - 1)`` (PipeQS, after ActNN/EXACT: per-row asymmetric min-max scaling
