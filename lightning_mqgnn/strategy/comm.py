@@ -23,6 +23,8 @@ class CommStats:
     # sent: comm_hook.bucket_payload) in `grad_reductions` steps; NaN once a hook's is not known
     grad_bytes: float = 0.0
     grad_reductions: int = 0
+    staleness: int = 0  # the staleness in force (it changes under staleness="auto")
+    staleness_changes: int = 0
 
     @property
     def grad_bytes_per_step(self) -> float:
@@ -36,6 +38,8 @@ class PendingReduce(Protocol):
     """A launched reduction; ``wait`` blocks until the reduced tensors are ready."""
 
     def wait(self) -> None: ...
+
+    def is_completed(self) -> bool: ...
 
 
 class Reducer(Protocol):
@@ -54,6 +58,9 @@ class _Works:
         for work in self._works:
             work.wait()
         self._works = []
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
 
 
 class AllReduce:

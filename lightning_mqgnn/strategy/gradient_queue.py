@@ -27,12 +27,22 @@ class _Entry:
     pending: PendingReduce | None  # None once the reduction has completed
     local_missing: bool  # this rank lacked a gradient: only then can a count be 0 (read it, a host sync)
     hooked: Any = None  # the comm hook's work on this step's buckets, None once it is in
+    pushed_at: int = 0  # the push that started it
+    done_after: int | None = None  # pushes after its own by which it was seen complete
+
+    def is_completed(self) -> bool:
+        pending = self.pending is None or self.pending.is_completed()
+        return pending and (self.hooked is None or self.hooked.done.is_set())
 
 
 @dataclass
 class _PresenceCopy:
     counts: list[Tensor]  # per group: how many ranks had each member's gradient, on the host
     ready: Any  # CUDA event marking the end of the copy, None for CPU tensors
+
+
+# a wait for the oldest reduction longer than this share of a step counts as not hidden
+WAIT_SHARE = 0.05
 
 
 class UnusedParametersError(RuntimeError):
@@ -113,6 +123,10 @@ class GradientQueue:
         ]
         self.bytes_sent: int | None = 0
         self.reductions = 0  # the steps whose bytes ``bytes_sent`` holds
+        self._pushes = 0
+        self._last_push: float | None = None
+        self._step_s = 0.0  # the last interval between pushes: a training step
+        self._needed: list[int] = []  # per applied step, the staleness that would have hidden its reduction
 
     @staticmethod
     def _group_params(params: list[Tensor]) -> list[_Group]:
@@ -150,8 +164,27 @@ class GradientQueue:
         # built on the device (a fill, no host-to-device copy)
         return [self.params[i].new_full((1,), float(self.params[i].grad is not None)) for i in members]
 
+    def needed_staleness(self) -> list[int]:
+        """For each step applied since the last call, the smallest staleness that would have hidden
+        its reduction: the pushes after its own by which it was seen complete, or one more than
+        the staleness it was applied at when the step waited for it (more than ``WAIT_SHARE`` of
+        a step)."""
+        needed, self._needed = self._needed, []
+        return needed
+
+    def _observe_completions(self) -> None:
+        now = time.perf_counter()
+        if self._last_push is not None:
+            self._step_s = now - self._last_push
+        self._last_push = now
+        self._pushes += 1
+        for entry in self._queue:
+            if entry.done_after is None and entry.is_completed():
+                entry.done_after = self._pushes - entry.pushed_at
+
     def push(self) -> None:
         """Start the asynchronous all-reduce of the current local gradients."""
+        self._observe_completions()
         missing = any(p.grad is None for p in self.params)
         if self.hook is not None:
             counts = [torch.cat(self._presence_flags(group.members)) for group in self._groups]
@@ -163,7 +196,7 @@ class GradientQueue:
                 )
                 for b, (_, members) in enumerate(self._buckets)
             ]
-            self._queue.append(_Entry(counts, pending, missing, self.hook.submit(buckets)))
+            self._queue.append(_Entry(counts, pending, missing, self.hook.submit(buckets), self._pushes))
             return
         flats = []
         for group in self._groups:
@@ -173,12 +206,15 @@ class GradientQueue:
         if self.bytes_sent is not None:
             self.bytes_sent += sum(g.numel * flat.element_size() for g, flat in zip(self._groups, flats))
         self.reductions += 1
-        self._queue.append(_Entry(flats, self.reducer.launch(flats), missing))
+        self._queue.append(_Entry(flats, self.reducer.launch(flats), missing, pushed_at=self._pushes))
 
     def apply_oldest(self) -> float:
         """Wait for the oldest reduction, write it into ``.grad``; return the seconds spent blocked."""
         entry = self._queue.popleft()
         waited = self._complete(entry)
+        if entry.done_after is None:  # not seen complete at a push: done since, or waited for
+            entry.done_after = self.staleness + (waited > WAIT_SHARE * self._step_s)
+        self._needed.append(entry.done_after)
         if not self.allow_missing:
             self._check_presence()  # the previous application's counts
             self._copy_presence(entry)

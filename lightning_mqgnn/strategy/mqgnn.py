@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -87,6 +88,15 @@ class MQGNNStrategy(DDPStrategy):
     buffers, so resuming reproduces the uninterrupted run bit for bit. Checkpoints are written with
     ``AtomicCheckpointIO`` unless ``checkpoint_io`` says otherwise: whole or not at all.
 
+    ``staleness="auto"`` adapts it (from 1, at most ``max_staleness``): every gradient queue records,
+    for each applied step, the smallest staleness that would have hidden its reduction (the steps
+    after its own by which it was seen complete; one more than the staleness in force when the
+    step waited for it), and at each model synchronisation the ranks agree (an all-reduce of the
+    maximum, so every rank computes rank 0's decision from all ranks' figures) on the 90th
+    percentile of those figures. A higher staleness fills the queue (steps without an update); a
+    lower one drains it, each queued average applied as its own optimiser step, so no gradient is
+    lost or applied twice. Checkpoints carry the staleness in force.
+
     Manual optimisation works at every staleness; at ``staleness > 0`` each ``optimizer.step()`` pushes the
     gradients ``manual_backward`` left in ``.grad`` into that optimiser's queue and applies the averaged
     gradient ``staleness`` steps older (nothing else to call). A parameter without a gradient on some rank
@@ -96,7 +106,8 @@ class MQGNNStrategy(DDPStrategy):
     (and no ``no_sync``, comm hook or ``static_graph``) to offer there.
 
     Args:
-        staleness: how many steps old the applied averaged gradient is (0 = DDP).
+        staleness: how many steps old the applied averaged gradient is (0 = DDP), or ``"auto"``.
+        max_staleness: the largest staleness ``"auto"`` may choose.
         sync_period: optimiser steps between model synchronisations; None = eq. 23 from the DataModule's
             graph (see ``graph_size_from_datamodule``), else ``FALLBACK_SYNC_PERIOD``. Unused at staleness 0.
         sync_scale: the scale factor k of eq. 23 (see ``DEFAULT_SYNC_SCALE`` for the choice).
@@ -110,14 +121,22 @@ class MQGNNStrategy(DDPStrategy):
 
     def __init__(
         self,
-        staleness: int = 1,
+        staleness: int | str = 1,
+        max_staleness: int = 4,
         sync_period: int | None = None,
         sync_scale: float = DEFAULT_SYNC_SCALE,
         sync_optimizer_state: bool = True,
         **kwargs: Any,
     ) -> None:
+        self.adaptive = staleness == "auto"
+        if self.adaptive:
+            if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 1:
+                raise ValueError(
+                    f"MQGNNStrategy: max_staleness must be an integer >= 1, got {max_staleness!r}"
+                )
+            staleness = 1
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
-            raise ValueError(f"MQGNNStrategy: staleness must be an integer >= 0, got {staleness!r}")
+            raise ValueError(f"MQGNNStrategy: staleness must be an integer >= 0 or 'auto', got {staleness!r}")
         if staleness > 0 and kwargs.get("model_averaging_period") is not None:
             raise ValueError(
                 "MQGNNStrategy: `model_averaging_period` (post-local SGD) averages the models of a "
@@ -153,6 +172,7 @@ class MQGNNStrategy(DDPStrategy):
         self._hooked: HookedBuckets | None = None
         self._hook_group: Any = None
         self.staleness = staleness
+        self.max_staleness = max_staleness
         self.sync_scale = float(sync_scale)
         self.sync_optimizer_state = sync_optimizer_state
         self._requested_sync_period = sync_period
@@ -400,9 +420,16 @@ class MQGNNStrategy(DDPStrategy):
                     stats.grad_wait_s += queue.apply_oldest()
             return result
 
+        def apply_next() -> None:
+            with collective_phase("gradient-queue reduction"):
+                stats.grad_wait_s += queue.apply_oldest()
+
         if len(queue) + 1 > self.staleness:
             output = super().optimizer_step(optimizer, closure_then_exchange, model, **kwargs)  # eq. 22
             stats.applied_steps += 1
+            while queue.ready():  # a lowered staleness drains: each older average its own update
+                super().optimizer_step(optimizer, apply_next, model, **kwargs)
+                stats.applied_steps += 1
         else:  # queue fill: nothing averaged to apply yet, keep the weights (identical on all ranks)
             output = closure_then_exchange()
             stats.skipped_steps += 1
@@ -412,7 +439,29 @@ class MQGNNStrategy(DDPStrategy):
         stats.grad_reductions += reductions
         if self.sync_period is not None and stats.steps % self.sync_period == 0:
             self.synchronise_model()
+            if self.adaptive:
+                self.adapt_staleness()
+        stats.staleness = self.staleness
         return output
+
+    def adapt_staleness(self) -> None:
+        """``staleness="auto"``: the staleness every rank's recent steps needed (a collective)."""
+        needed = [k for queue in self._queues.values() for k in queue.needed_staleness()]
+        # the 90th percentile by nearest rank: one slow step in ten (a collection, a page fault) does not count
+        mine = float(sorted(needed)[math.ceil(0.9 * len(needed)) - 1]) if needed else float(self.staleness)
+        with collective_phase("model synchronisation"):
+            agreed = self.reduce(torch.tensor(mine, device=self.root_device), reduce_op="max")
+        chosen = min(max(int(agreed), 1), self.max_staleness)
+        if chosen != self.staleness:
+            self.comm_stats.staleness_changes += 1
+            self.set_staleness(chosen)
+
+    def set_staleness(self, staleness: int) -> None:
+        """Apply averages ``staleness`` steps old from the next step on (every queue)."""
+        self.staleness = staleness
+        self.comm_stats.staleness = staleness
+        for queue in self._queues.values():
+            queue.staleness = staleness
 
     def _ddp_grad_bytes(self, optimizer: Optimizer) -> float:
         """``comm_stats.grad_bytes`` after a DDP step: every trainable parameter's gradient once
@@ -427,7 +476,8 @@ class MQGNNStrategy(DDPStrategy):
         """RESULT fields of a fit: the staleness in force, gradient bytes and wait per step."""
         stats = self.comm_stats
         return (
-            f" staleness={self.staleness} grad_mb_per_step={stats.grad_bytes_per_step / 2**20:.4f}"
+            f" staleness={'auto:' if self.adaptive else ''}{self.staleness}"
+            f" grad_mb_per_step={stats.grad_bytes_per_step / 2**20:.4f}"
             f" grad_wait_ms_per_step={1000 * stats.grad_wait_s / max(stats.steps, 1):.3f}"
         )
 
@@ -464,6 +514,8 @@ class MQGNNStrategy(DDPStrategy):
     def _load_state(self, state: dict[str, Any]) -> None:
         for key, value in state["comm_stats"].items():
             setattr(self.comm_stats, key, type(getattr(self.comm_stats, key))(value))
+        if self.adaptive:  # the staleness in force when it was written: the queued steps follow it
+            self.set_staleness(min(int(state["staleness"]), self.max_staleness))
         self._restored_queues = dict(state["queues"])
         for index, queue in self._queues.items():  # queues that already exist load at once
             if index in self._restored_queues:

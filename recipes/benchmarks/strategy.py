@@ -76,6 +76,9 @@ class _DelayedReduce:
     def wait(self) -> None:
         self._future.result()
 
+    def is_completed(self) -> bool:
+        return self._future.done()
+
 
 class DelayedAllReduce:
     """The strategy's all-reduce with a SIMULATED network latency: a background thread waits for the real

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -270,6 +271,39 @@ def _power_sgd(rank: int) -> powerSGD_hook.PowerSGDState:
     )
 
 
+class _Late:
+    """A launched all-reduce that completes ``delay_s`` after it was launched (a slow link)."""
+
+    def __init__(self, pending, delay_s: float) -> None:
+        self.pending, self.due = pending, time.perf_counter() + delay_s
+
+    def is_completed(self) -> bool:
+        return time.perf_counter() >= self.due and self.pending.is_completed()
+
+    def wait(self) -> None:
+        self.pending.wait()
+        time.sleep(max(0.0, self.due - time.perf_counter()))
+
+
+class SlowLinkStrategy(MQGNNStrategy):
+    """The gradient queue's all-reduces complete ``delay_s`` late."""
+
+    def __init__(self, delay_s: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.delay_s = delay_s
+
+    def make_reducer(self):
+        reducer, delay_s = super().make_reducer(), self.delay_s
+
+        class Late:
+            world_size = reducer.world_size
+
+            def launch(self, tensors):
+                return _Late(reducer.launch(tensors), delay_s)
+
+        return Late()
+
+
 HOOK_FIT = dict(optimizer="sgd", lr=0.05, epochs=2)
 SCENARIOS.update(
     {
@@ -293,6 +327,12 @@ SCENARIOS.update(
         "hook_quant4_s0": (_hooked(0, quantize_hook, QuantizeState(bits=4)), HOOK_FIT),
         "hook_count_s0": (_hooked(0, _counting_hook, _Counting()), HOOK_FIT),
         "hook_count_s1": (_hooked(1, _counting_hook, _Counting()), HOOK_FIT),
+        # staleness="auto" behind a link 40 ms slow (steps of a few ms) and a fast one
+        "auto_slow": (
+            dict(staleness="auto", max_staleness=3, sync_period=6, delay_s=0.04),
+            dict(HOOK_FIT, epochs=6),
+        ),
+        "auto_fast": (dict(staleness="auto", max_staleness=3, sync_period=6), dict(HOOK_FIT, epochs=6)),
     }
 )
 
@@ -335,6 +375,9 @@ def run_scenario(name: str, strategy_spec, opts: dict, out_root: Path, devices: 
     model = _model(opts)
     if isinstance(strategy_spec, dict) and "ddp" in strategy_spec:
         strategy = DDPStrategy(**strategy_spec["ddp"])
+    elif isinstance(strategy_spec, dict) and "delay_s" in strategy_spec:
+        spec = dict(strategy_spec)
+        strategy = SlowLinkStrategy(spec.pop("delay_s"), **spec)
     elif isinstance(strategy_spec, dict):
         strategy = MQGNNStrategy(**strategy_spec)
     else:

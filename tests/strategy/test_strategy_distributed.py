@@ -354,3 +354,17 @@ def test_a_user_comm_hook_runs_at_every_staleness(popen_runs):
     assert torch.equal(quantised[0]["params"], quantised[1]["params"])
     assert quantised[0]["final_loss"] < quantised[0]["init_loss"]
     assert _bytes_per_step(quantised[0]) <= _bytes_per_step(plain[0]) / 7
+
+
+def test_auto_staleness_rises_behind_a_slow_link_and_stays_low_on_a_fast_one(popen_runs):
+    """``staleness="auto"`` (at most 3, decided every 6 steps): all-reduces 40 ms late against steps
+    of a few ms raise it to the maximum, one step at a time; on the plain gloo link it stays at
+    the staleness that hides the reduction. Both ranks agree on it at every decision."""
+    slow, fast = _load(popen_runs, "auto_slow"), _load(popen_runs, "auto_fast")
+    for rank in range(2):
+        assert slow[rank]["stats"]["staleness"] == 3 and slow[rank]["stats"]["staleness_changes"] == 2
+        assert fast[rank]["stats"]["staleness"] <= 2
+        assert math.isfinite(slow[rank]["final_loss"])
+    for run in (slow, fast):
+        assert run[0]["stats"]["staleness_changes"] == run[1]["stats"]["staleness_changes"]
+        assert run[0]["stats"]["skipped_steps"] == run[1]["stats"]["skipped_steps"]
