@@ -20,7 +20,7 @@ class CommStats:
     grad_wait_s: float = 0.0  # time blocked waiting for a queued gradient all-reduce
     sync_s: float = 0.0  # time spent in periodic model synchronisation (blocking)
     # gradient bytes this rank handed to collectives (the all-reduced gradients, or what a comm hook
-    # sent: comm_hook.bucket_payload) in `grad_reductions` steps; NaN once a hook's is not known
+    # sent: comm_hook.payload_meter) in `grad_reductions` steps; NaN once a hook's is not known
     grad_bytes: float = 0.0
     grad_reductions: int = 0
     staleness: int = 0  # the staleness in force (it changes under staleness="auto")

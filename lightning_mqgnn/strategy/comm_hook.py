@@ -90,34 +90,33 @@ def with_process_group(state: Any, group: Any) -> Any:
     return state
 
 
-def bucket_payload(
-    hook: CommHook, state: Any, bucket: QueueBucket, run: Callable[[], Tensor]
-) -> tuple[Tensor, int | None]:
-    """``run()`` (the hook on ``bucket``, waited for) and the bytes it handed to collectives, where
-    the hook is one whose traffic is known: a state that counts its own (``bytes_sent``, as
-    ``QuantizeState``), torch's all-reduce, fp16 and bf16 hooks, PowerSGD (its count of the
-    compressed elements; before ``start_powerSGD_iter``, a plain all-reduce); else None."""
+def payload_meter(hook: CommHook, state: Any, bucket: QueueBucket) -> Callable[[], int | None]:
+    """Called before ``hook`` runs on ``bucket``: a function that, once the hook's future is done,
+    gives the bytes the hook handed to collectives, where its traffic is known (of the hook a
+    wrapper names as ``__wrapped__``, as ``functools.wraps`` does): a state that counts
+    its own (``bytes_sent``, as ``QuantizeState``), torch's all-reduce, fp16 and bf16 hooks,
+    PowerSGD (its count of the compressed elements; before ``start_powerSGD_iter``, a plain
+    all-reduce); else None."""
+    inner = getattr(hook, "__wrapped__", None)
+    if inner is not None:  # a wrapper that sends what the hook it wraps sends
+        return payload_meter(inner, state, bucket)
     buffer = bucket.buffer()
     numel, itemsize = buffer.numel(), buffer.element_size()
     counted = getattr(state, "bytes_sent", None)
     if isinstance(counted, int):
-        reduced = run()
-        return reduced, state.bytes_sent - counted
+        return lambda: state.bytes_sent - counted
     if isinstance(state, powerSGD_hook.PowerSGDState) and hook in (
         powerSGD_hook.powerSGD_hook,
         powerSGD_hook.batched_powerSGD_hook,
     ):
         vanilla = state.iter < state.start_powerSGD_iter
         before = state.total_numel_after_compression
-        reduced = run()
-        sent = numel if vanilla else state.total_numel_after_compression - before
-        return reduced, sent * itemsize
-    reduced = run()
+        return lambda: (numel if vanilla else state.total_numel_after_compression - before) * itemsize
     if hook is default_hooks.allreduce_hook:
-        return reduced, numel * itemsize
+        return lambda: numel * itemsize
     if hook in (default_hooks.fp16_compress_hook, default_hooks.bf16_compress_hook):
-        return reduced, numel * 2
-    return reduced, None
+        return lambda: numel * 2
+    return lambda: None
 
 
 @dataclass
@@ -166,9 +165,9 @@ class HookedBuckets:
                     work.ready.synchronize()  # the buffers the training stream wrote
                 results = []
                 for bucket in work.buckets:
-                    reduced, sent = bucket_payload(
-                        self.hook, self.state, bucket, lambda b=bucket: self.hook(self.state, b).wait()
-                    )
+                    meter = payload_meter(self.hook, self.state, bucket)
+                    reduced = self.hook(self.state, bucket).wait()
+                    sent = meter()
                     results.append(reduced[0] if isinstance(reduced, (list, tuple)) else reduced)
                     if sent is None or work.payload_bytes is None:
                         work.payload_bytes = None

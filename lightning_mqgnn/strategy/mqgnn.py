@@ -32,6 +32,7 @@ from lightning_mqgnn.strategy.comm_hook import (
     CommHook,
     HookedBuckets,
     new_hook_group,
+    payload_meter,
     with_process_group,
 )
 from lightning_mqgnn.strategy.gradient_queue import GradientQueue, UnusedParametersError
@@ -152,6 +153,13 @@ class MQGNNStrategy(DDPStrategy):
         if not sync_scale > 0:
             raise ValueError(f"MQGNNStrategy: sync_scale must be > 0, got {sync_scale!r}")
         kwargs.setdefault("checkpoint_io", AtomicCheckpointIO())
+        hook, wrapper = kwargs.get("ddp_comm_hook"), kwargs.get("ddp_comm_wrapper")
+        hook_state = kwargs.get("ddp_comm_state")
+        if kwargs.get("model_averaging_period") is None:
+            # the strategy registers the hook itself, on every device, and counts its bytes; post-local
+            # SGD's hook and optimiser stay Lightning's
+            for name in ("ddp_comm_hook", "ddp_comm_wrapper", "ddp_comm_state"):
+                kwargs.pop(name, None)
         super().__init__(**kwargs)
         unsupported = sorted(
             name
@@ -166,9 +174,10 @@ class MQGNNStrategy(DDPStrategy):
             )
         cap = self._ddp_kwargs.get("bucket_cap_mb")
         self.bucket_cap_mb = float(cap) if cap is not None else DEFAULT_BUCKET_CAP_MB
-        hook, wrapper = kwargs.get("ddp_comm_hook"), kwargs.get("ddp_comm_wrapper")
+        self._lightning_registers_hook = kwargs.get("ddp_comm_hook") is not None
         self.comm_hook: CommHook | None = wrapper(hook) if hook is not None and wrapper is not None else hook
-        self.comm_hook_state = kwargs.get("ddp_comm_state")
+        self.comm_hook_state = hook_state
+        self._ddp_hook_bytes: int | None = 0
         self._hooked: HookedBuckets | None = None
         self._hook_group: Any = None
         self.staleness = staleness
@@ -239,10 +248,10 @@ class MQGNNStrategy(DDPStrategy):
     def configure_ddp(self) -> None:
         if self.staleness == 0:
             super().configure_ddp()
-            if self.comm_hook is not None and self.root_device.type != "cuda":
-                # Lightning registers the hooks on CUDA only; DDP runs them on any backend
+            if self.comm_hook is not None and not self._lightning_registers_hook:
+                # on every device (Lightning registers hooks on CUDA only; DDP runs them on any backend)
                 assert isinstance(self.model, DistributedDataParallel)
-                self.model.register_comm_hook(self.comm_hook_state, self.comm_hook)
+                self.model.register_comm_hook(self.comm_hook_state, self._counted(self.comm_hook))
             return
         # No wrapper: the gradient queue exchanges gradients. Start from rank 0's parameters and buffers,
         # as DDP's constructor does.
@@ -463,14 +472,35 @@ class MQGNNStrategy(DDPStrategy):
         for queue in self._queues.values():
             queue.staleness = staleness
 
+    def _counted(self, hook: CommHook) -> CommHook:
+        """``hook`` for DDP, adding what it sent to the bytes of the step (``payload_meter``)."""
+
+        def counted_hook(state, bucket):  # no annotations: DDP checks them against its own classes
+            meter = payload_meter(hook, state, bucket)
+
+            def count(future: torch.futures.Future) -> Tensor:
+                sent = meter()
+                if sent is None or self._ddp_hook_bytes is None:
+                    self._ddp_hook_bytes = None
+                else:
+                    self._ddp_hook_bytes += sent
+                return future.value()
+
+            return hook(state, bucket).then(count)
+
+        return counted_hook
+
     def _ddp_grad_bytes(self, optimizer: Optimizer) -> float:
         """``comm_stats.grad_bytes`` after a DDP step: every trainable parameter's gradient once
-        a step, or what the comm hook says it sent (a state that counts, as ``QuantizeState``)."""
+        a step, or what the comm hook sent (NaN where its traffic is not known)."""
         if self.comm_hook is None:
             params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
             return self.comm_stats.grad_bytes + sum(p.numel() * p.element_size() for p in params)
-        counted = getattr(self.comm_hook_state, "bytes_sent", None)
-        return float(counted) if isinstance(counted, int) else float("nan")
+        sent, self._ddp_hook_bytes = self._ddp_hook_bytes, 0
+        if sent is None or math.isnan(self.comm_stats.grad_bytes):
+            self._ddp_hook_bytes = None
+            return float("nan")
+        return self.comm_stats.grad_bytes + sent
 
     def result_fields(self) -> str:
         """RESULT fields of a fit: the staleness in force, gradient bytes and wait per step."""

@@ -15,7 +15,7 @@ from lightning_mqgnn.strategy.comm_hook import (
     HookedBuckets,
     QueueBucket,
     bucket_members,
-    bucket_payload,
+    payload_meter,
     with_process_group,
 )
 
@@ -83,8 +83,9 @@ def test_the_bytes_of_torchs_hooks(one_rank_group):
     params = [torch.zeros(10)]
     for hook, expected in [(default_hooks.allreduce_hook, 40), (default_hooks.fp16_compress_hook, 20)]:
         bucket = QueueBucket(0, torch.randn(10), params, True)
-        _, sent = bucket_payload(hook, None, bucket, lambda b=bucket, h=hook: h(None, b).wait())
-        assert sent == expected
+        meter = payload_meter(hook, None, bucket)
+        hook(None, bucket).wait()
+        assert meter() == expected
 
 
 def test_quantised_buckets_are_unbiased_and_small(one_rank_group):

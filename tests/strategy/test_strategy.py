@@ -318,7 +318,7 @@ def test_staleness_zero_accepts_every_ddp_argument():
         staleness=0, static_graph=True, bucket_cap_mb=5, find_unused_parameters=True, ddp_comm_hook=_hook
     )
     assert strategy._ddp_kwargs == {"static_graph": True, "bucket_cap_mb": 5, "find_unused_parameters": True}
-    assert strategy._ddp_comm_hook is _hook
+    assert strategy.comm_hook is _hook
     queue_only = MQGNNStrategy(staleness=1, find_unused_parameters=True, broadcast_buffers=False)
     assert queue_only.find_unused_parameters and not queue_only.broadcasts_buffers
 
