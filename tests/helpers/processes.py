@@ -95,3 +95,31 @@ def run_concurrently(
     for r in results:
         assert r.returncode == 0, f"{' '.join(r.args)} failed:\n{r.stdout[-6000:]}"
     return results
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``: what a job left behind."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def start_job(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    """``cmd`` as a scheduler's job: a session and process group of its own, output as text."""
+    return subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )

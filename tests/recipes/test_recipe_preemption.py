@@ -13,6 +13,8 @@ import time
 import psutil
 import pytest
 import torch
+from helpers.paths import REPO
+from helpers.processes import group_members, start_job
 from helpers.recipe import TRAIN, result_fields
 
 RUN = (
@@ -32,30 +34,13 @@ RUN = (
 
 
 def start(run_dir) -> subprocess.Popen:
-    return subprocess.Popen(
-        [*TRAIN, *RUN, f"hydra.run.dir={run_dir}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # a process group of its own, as a scheduler's job has
-    )
-
-
-def group_members(pgid: int) -> list[int]:
-    members = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                members.append(proc.pid)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return members
+    return start_job([*TRAIN, *RUN, f"hydra.run.dir={run_dir}"], dict(os.environ), REPO)
 
 
 def test_sigterm_to_the_job_stops_it_in_one_line_and_the_same_command_resumes(tmp_path):
     straight = start(tmp_path / "straight")
-    straight_out, err = straight.communicate(timeout=300)
-    assert straight.returncode == 0, err[-3000:]
+    straight_out, _ = straight.communicate(timeout=300)
+    assert straight.returncode == 0, straight_out[-3000:]
 
     job = tmp_path / "job"
     proc = start(job)
@@ -71,25 +56,25 @@ def test_sigterm_to_the_job_stops_it_in_one_line_and_the_same_command_resumes(tm
     signalled = time.monotonic()
     os.killpg(proc.pid, signal.SIGTERM)
     try:
-        out, err = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("the signalled run did not exit within 30 s")
     assert time.monotonic() - signalled < 30
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    stops = [line for line in err.splitlines() if line.startswith("stopped by")]
-    assert len(stops) == 1, err[-3000:]
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    stops = [line for line in out.splitlines() if line.startswith("stopped by")]
+    assert len(stops) == 1, out[-3000:]
     assert stops[0].startswith("stopped by SIGTERM at epoch 1 after"), stops[0]
     assert stops[0].endswith("run again with ckpt_path=auto to resume"), stops[0]
-    assert "Traceback" not in err and "WorkerError" not in err, err[-3000:]
+    assert "Traceback" not in out and "WorkerError" not in out, out[-3000:]
     assert "RESULT" not in out
     time.sleep(0.5)
     assert not group_members(proc.pid), "a process of the job outlived it"
 
     again = start(job)
-    out, err = again.communicate(timeout=300)
-    assert again.returncode == 0, err[-3000:]
-    assert "ckpt_path=auto: resuming from" in out + err
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out[-3000:]
+    assert "ckpt_path=auto: resuming from" in out
     a = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", weights_only=True)
     b = torch.load(last, weights_only=True)
     assert a["global_step"] == b["global_step"] > 0

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.paths import REPO
-from helpers.processes import launcher_env, rank_process
+from helpers.processes import group_members, launcher_env, rank_process, start_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # four rank processes import the stack, twice
 
@@ -49,15 +49,7 @@ def _torchrun(run_dir: Path) -> subprocess.Popen:
         *RUN,
         f"hydra.run.dir={run_dir}",
     ]
-    return subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    return start_job(cmd, env, REPO)
 
 
 def _finish(proc: subprocess.Popen, timeout: float) -> str:
@@ -130,19 +122,7 @@ def test_sigterm_to_a_two_rank_job_stops_it_in_one_line_and_the_same_command_res
         f"hydra.run.dir={job}",
     ]
     env = launcher_env()
-
-    def start() -> subprocess.Popen:
-        return subprocess.Popen(
-            cmd,
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-
-    proc = start()
+    proc = start_job(cmd, env, REPO)
     last = job / "checkpoints" / "last.ckpt"
     _wait_for_checkpoint(proc, last)  # epoch 0 has ended: the signal lands inside epoch 1
     signalled = time.monotonic()
@@ -156,18 +136,10 @@ def test_sigterm_to_a_two_rank_job_stops_it_in_one_line_and_the_same_command_res
     assert proc.returncode == -signal.SIGKILL or len(stops) == 1, out[-3000:]
     assert "Traceback" not in out and "WorkerError" not in out, out[-3000:]
     time.sleep(1.0)
-    leftover = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == proc.pid and fields[0] != "Z":  # the job's process group
-                leftover.append(int(entry.name))
+    leftover = group_members(proc.pid)
     assert not leftover, f"processes of the job outlived it: {leftover}"
 
-    again = start()
+    again = start_job(cmd, env, REPO)
     out = _finish(again, 600)
     assert again.returncode == 0, out[-3000:]
     assert "ckpt_path=auto: resuming from" in out, out[-3000:]
