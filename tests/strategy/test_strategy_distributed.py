@@ -357,7 +357,7 @@ def test_a_user_comm_hook_runs_at_every_staleness(popen_runs):
 
 
 def test_auto_staleness_rises_behind_a_slow_link_and_stays_low_on_a_fast_one(popen_runs):
-    """``staleness="auto"`` (at most 3, decided every 6 steps): all-reduces 40 ms late against steps
+    """``staleness="auto"`` (at most 3, decided every 6 steps): all-reduces 80 ms late against steps
     of a few ms raise it to the maximum, one step at a time; on the plain gloo link it stays at
     the staleness that hides the reduction. Both ranks agree on it at every decision."""
     slow, fast = _load(popen_runs, "auto_slow"), _load(popen_runs, "auto_fast")
