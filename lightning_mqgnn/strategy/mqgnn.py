@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import sys
@@ -475,6 +476,7 @@ class MQGNNStrategy(DDPStrategy):
     def _counted(self, hook: CommHook) -> CommHook:
         """``hook`` for DDP, adding what it sent to the bytes of the step (``payload_meter``)."""
 
+        @functools.wraps(hook)  # DDP's logging data names the user's hook
         def counted_hook(state, bucket):  # no annotations: DDP checks them against its own classes
             meter = payload_meter(hook, state, bucket)
 
