@@ -26,6 +26,11 @@ class CommStats:
     staleness: int = 0  # the staleness in force (it changes under staleness="auto")
     staleness_changes: int = 0
 
+    def add_grad_bytes(self, sent: int | None, reductions: int) -> None:
+        """Count ``sent`` gradient bytes of ``reductions`` steps (None: not known, from now on)."""
+        self.grad_bytes = float("nan") if sent is None else self.grad_bytes + sent
+        self.grad_reductions += reductions
+
     @property
     def grad_bytes_per_step(self) -> float:
         return self.grad_bytes / self.grad_reductions if self.grad_reductions else float("nan")

@@ -406,8 +406,7 @@ class MQGNNStrategy(DDPStrategy):
             stats.applied_steps += 1
             with collective_phase("gradient all-reduce"):
                 output = super().optimizer_step(optimizer, closure, model, **kwargs)
-            stats.grad_bytes = self._ddp_grad_bytes(optimizer)
-            stats.grad_reductions += 1
+            stats.add_grad_bytes(self._ddp_step_bytes(optimizer), 1)
             return output
 
         queue = self._get_queue(optimizer)
@@ -444,9 +443,7 @@ class MQGNNStrategy(DDPStrategy):
             output = closure_then_exchange()
             stats.skipped_steps += 1
 
-        sent, reductions = queue.take_sent()
-        stats.grad_bytes = float("nan") if sent is None else stats.grad_bytes + sent
-        stats.grad_reductions += reductions
+        stats.add_grad_bytes(*queue.take_sent())
         if self.sync_period is not None and stats.steps % self.sync_period == 0:
             self.synchronise_model()
             if self.adaptive:
@@ -492,17 +489,14 @@ class MQGNNStrategy(DDPStrategy):
 
         return counted_hook
 
-    def _ddp_grad_bytes(self, optimizer: Optimizer) -> float:
-        """``comm_stats.grad_bytes`` after a DDP step: every trainable parameter's gradient once
-        a step, or what the comm hook sent (NaN where its traffic is not known)."""
+    def _ddp_step_bytes(self, optimizer: Optimizer) -> int | None:
+        """The gradient bytes of a DDP step: every trainable parameter's gradient once, or what
+        the comm hook sent (None where its traffic is not known)."""
         if self.comm_hook is None:
             params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-            return self.comm_stats.grad_bytes + sum(p.numel() * p.element_size() for p in params)
+            return sum(p.numel() * p.element_size() for p in params)
         sent, self._ddp_hook_bytes = self._ddp_hook_bytes, 0
-        if sent is None or math.isnan(self.comm_stats.grad_bytes):
-            self._ddp_hook_bytes = None
-            return float("nan")
-        return self.comm_stats.grad_bytes + sent
+        return sent
 
     def result_fields(self) -> str:
         """RESULT fields of a fit: the staleness in force, gradient bytes and wait per step."""

@@ -66,9 +66,9 @@ def dead_ranks(rank: int, world: int, grace_s: float = DEATH_GRACE_S) -> list[in
     deadline = time.monotonic() + grace_s
     while local:
         dead = [r for r in local if _ended(_peers[r].pid)]
-        if dead or time.monotonic() >= deadline:
-            if dead:
-                return dead
+        if dead:
+            return dead
+        if time.monotonic() >= deadline:
             break
         time.sleep(0.05)
     return [1 - rank] if world == 2 else []

@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.distributed as dist
+from helpers.pipeline import make_trainer
 from torch import nn
 
 from lightning_mqgnn.strategy import MQGNNStrategy
@@ -96,16 +97,7 @@ def test_a_change_of_staleness_neither_loses_nor_doubles_a_gradient():
     steps = 14
     model = _OneHot(steps, schedule={4: 3, 8: 1, 11: 2})  # up by two, down by two, up by one
     strategy = MQGNNStrategy(staleness="auto", max_staleness=3, sync_period=1000)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        strategy=strategy,
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = make_trainer(strategy=strategy)
     try:
         trainer.fit(model)
     finally:
