@@ -190,8 +190,8 @@ class NodeClassifier(NodeClassifierBase):
 
     Trains on ``MiniBatch``es from any sampler whose ``aggregation`` matches the layer type, with
     feature rows or with the first layer aggregated in the gather stage; with ``cuda_graphs=True``
-    its steps on a GPU replay CUDA graphs (``models/cuda_graphs.py``). ``glorot_init``: GCN
-    layers start Glorot-uniform (``GCNLayer``); FastGCN's configs turn it off.
+    its steps on a GPU replay CUDA graphs (``models/cuda_graphs.py``). ``glorot_init``: the
+    layers start Glorot-uniform (``GCNLayer``, ``SAGELayer``); FastGCN's configs turn it off.
     """
 
     accepts_aggregated_inputs = True
@@ -213,7 +213,7 @@ class NodeClassifier(NodeClassifierBase):
         glorot_init: bool = True,
     ):
         super().__init__(
-            layer_stack(conv, in_dim, hidden, num_classes, num_layers, gcn_glorot=glorot_init),
+            layer_stack(conv, in_dim, hidden, num_classes, num_layers, glorot=glorot_init),
             AGGREGATION_OF_CONV[conv],
             num_classes=num_classes,
             dropout=dropout,

@@ -5,7 +5,7 @@ import torch
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
-from lightning_mqgnn.models import FullGraphBatch, GCNLayer, NodeClassifier
+from lightning_mqgnn.models import FullGraphBatch, GCNLayer, NodeClassifier, SAGELayer
 from lightning_mqgnn.models.metrics import make_metric
 from lightning_mqgnn.pipeline.gather import gather
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
@@ -170,6 +170,30 @@ def test_gcn_weights_start_glorot_uniform_and_biases_at_zero(in_dim, out_dim):
     assert weight.abs().max() > 0.99 * bound  # thousands of uniform draws reach the edge
     assert abs(weight.std().item() - bound / 3**0.5) < 0.05 * bound
     assert torch.equal(layer.bias.detach(), torch.zeros(out_dim))
+
+
+@pytest.mark.parametrize(("in_dim", "out_dim"), [(6805, 256), (256, 15)])
+def test_sage_weights_start_as_dgls_sageconv(in_dim, out_dim):
+    """Both halves Glorot-uniform with ReLU's gain, as DGL's SAGEConv: entries fill [-a, a] with
+    a = sqrt(2) sqrt(6 / (in + out)), 3.4x wider than nn.Linear's at 6,805 -> 256; bias zero."""
+    torch.manual_seed(0)
+    layer = SAGELayer(in_dim, out_dim)
+    bound = 2**0.5 * (6 / (in_dim + out_dim)) ** 0.5
+    for weight in (layer.neigh.weight.detach(), layer.self_.weight.detach()):
+        assert weight.abs().max() <= bound
+        assert weight.abs().max() > 0.99 * bound
+        assert abs(weight.std().item() - bound / 3**0.5) < 0.05 * bound
+    assert torch.equal(layer.self_.bias.detach(), torch.zeros(out_dim))
+
+
+def test_sage_without_glorot_keeps_linears_initialisation_draw_for_draw():
+    torch.manual_seed(3)
+    model = NodeClassifier(in_dim=128, num_classes=10, conv="sage", glorot_init=False)
+    torch.manual_seed(3)
+    neigh, self_ = torch.nn.Linear(128, 256, bias=False), torch.nn.Linear(128, 256)
+    assert torch.equal(model.layers[0].neigh.weight, neigh.weight)
+    assert torch.equal(model.layers[0].self_.weight, self_.weight)
+    assert torch.equal(model.layers[0].self_.bias, self_.bias)
 
 
 def test_gcn_without_glorot_keeps_linears_initialisation_draw_for_draw():
