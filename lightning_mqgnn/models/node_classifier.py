@@ -190,8 +190,9 @@ class NodeClassifier(NodeClassifierBase):
 
     Trains on ``MiniBatch``es from any sampler whose ``aggregation`` matches the layer type, with
     feature rows or with the first layer aggregated in the gather stage; with ``cuda_graphs=True``
-    its steps on a GPU replay CUDA graphs (``models/cuda_graphs.py``). ``glorot_init``: the
-    layers start Glorot-uniform (``GCNLayer``, ``SAGELayer``); FastGCN's configs turn it off.
+    its steps on a GPU replay CUDA graphs (``models/cuda_graphs.py``). ``glorot_init``: whether
+    the layers start Glorot-uniform (``GCNLayer``, ``SAGELayer``); None, each kind's default: GCN
+    layers do, SAGE layers start as ``nn.Linear``. FastGCN's configs turn it off.
     """
 
     accepts_aggregated_inputs = True
@@ -210,7 +211,7 @@ class NodeClassifier(NodeClassifierBase):
         metric: str = "accuracy",
         multilabel: bool = False,
         cuda_graphs: bool = False,
-        glorot_init: bool = True,
+        glorot_init: bool | None = None,
     ):
         super().__init__(
             layer_stack(conv, in_dim, hidden, num_classes, num_layers, glorot=glorot_init),

@@ -173,11 +173,11 @@ def test_gcn_weights_start_glorot_uniform_and_biases_at_zero(in_dim, out_dim):
 
 
 @pytest.mark.parametrize(("in_dim", "out_dim"), [(6805, 256), (256, 15)])
-def test_sage_weights_start_as_dgls_sageconv(in_dim, out_dim):
+def test_sage_with_glorot_starts_as_dgls_sageconv(in_dim, out_dim):
     """Both halves Glorot-uniform with ReLU's gain, as DGL's SAGEConv: entries fill [-a, a] with
     a = sqrt(2) sqrt(6 / (in + out)), 3.4x wider than nn.Linear's at 6,805 -> 256; bias zero."""
     torch.manual_seed(0)
-    layer = SAGELayer(in_dim, out_dim)
+    layer = SAGELayer(in_dim, out_dim, glorot=True)
     bound = 2**0.5 * (6 / (in_dim + out_dim)) ** 0.5
     for weight in (layer.neigh.weight.detach(), layer.self_.weight.detach()):
         assert weight.abs().max() <= bound
@@ -186,14 +186,18 @@ def test_sage_weights_start_as_dgls_sageconv(in_dim, out_dim):
     assert torch.equal(layer.self_.bias.detach(), torch.zeros(out_dim))
 
 
-def test_sage_without_glorot_keeps_linears_initialisation_draw_for_draw():
+@pytest.mark.parametrize("glorot_init", [None, False])
+def test_sage_keeps_linears_initialisation_draw_for_draw_by_default(glorot_init):
     torch.manual_seed(3)
-    model = NodeClassifier(in_dim=128, num_classes=10, conv="sage", glorot_init=False)
+    model = NodeClassifier(in_dim=128, num_classes=10, conv="sage", glorot_init=glorot_init)
     torch.manual_seed(3)
     neigh, self_ = torch.nn.Linear(128, 256, bias=False), torch.nn.Linear(128, 256)
     assert torch.equal(model.layers[0].neigh.weight, neigh.weight)
     assert torch.equal(model.layers[0].self_.weight, self_.weight)
     assert torch.equal(model.layers[0].self_.bias, self_.bias)
+    torch.manual_seed(3)
+    glorot = NodeClassifier(in_dim=128, num_classes=10, conv="sage", glorot_init=True)
+    assert glorot.layers[0].neigh.weight.abs().max() > 1 / 128**0.5  # beyond nn.Linear's range
 
 
 def test_gcn_without_glorot_keeps_linears_initialisation_draw_for_draw():
