@@ -15,7 +15,8 @@ from lightning_mqgnn.models.node_classifier import AGGREGATION_OF_CONV
 
 class FullGraphNodeClassifier(pl.LightningModule):
     """GCN, SAGE or GCNII layers over the whole graph, one partition per rank. Same arguments as
-    ``NodeClassifier``, plus GCNII's ``alpha`` and ``theta`` (``conv="gcnii"``, eq. 5-6); each
+    ``NodeClassifier`` (``glorot_init`` for GCN and SAGE layers), plus GCNII's ``alpha`` and
+    ``theta`` (``conv="gcnii"``, eq. 5-6); each
     layer after the first reads its halo rows through ``PartitionBatch.with_halo``, which the
     full-graph strategy provides. The layers are a ``stack`` (``stacks``) that the GNNPipe
     strategy can also run stage by stage."""
@@ -36,6 +37,7 @@ class FullGraphNodeClassifier(pl.LightningModule):
         multilabel: bool = False,
         alpha: float = 0.1,
         theta: float = 0.5,
+        glorot_init: bool | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -43,7 +45,7 @@ class FullGraphNodeClassifier(pl.LightningModule):
             self.stack = GCNIIStack(in_dim, hidden, num_classes, num_layers, dropout, alpha, theta)
             self.aggregation = "gcn"  # P̃ = D̃^-1/2 (A + I) D̃^-1/2
         else:
-            self.stack = ConvStack(conv, in_dim, hidden, num_classes, num_layers, dropout)
+            self.stack = ConvStack(conv, in_dim, hidden, num_classes, num_layers, dropout, glorot_init)
             self.aggregation = AGGREGATION_OF_CONV[conv]
         self.val_metric = make_metric(metric, num_classes, multilabel)
         self.test_metric = make_metric(metric, num_classes, multilabel)

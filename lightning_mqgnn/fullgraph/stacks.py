@@ -18,14 +18,22 @@ from lightning_mqgnn.sampling.batch import Block
 
 
 class ConvStack(nn.Module):
-    """GCN or SAGE layers (``layer_stack``): the features are the first layer's input, ReLU and
-    dropout follow every layer but the last, whose output is the logits."""
+    """GCN or SAGE layers (``layer_stack``, ``glorot`` its initialisation): the features are the
+    first layer's input, ReLU and dropout follow every layer but the last, whose output is the
+    logits."""
 
     def __init__(
-        self, conv: str, in_dim: int, hidden: int, num_classes: int, num_layers: int, dropout: float
+        self,
+        conv: str,
+        in_dim: int,
+        hidden: int,
+        num_classes: int,
+        num_layers: int,
+        dropout: float,
+        glorot: bool | None = None,
     ):
         super().__init__()
-        self.layers = nn.ModuleList(layer_stack(conv, in_dim, hidden, num_classes, num_layers))
+        self.layers = nn.ModuleList(layer_stack(conv, in_dim, hidden, num_classes, num_layers, glorot))
         self.widths = layer_dims(in_dim, hidden, num_classes, num_layers)
         self.dropout = nn.Dropout(dropout)
 

@@ -31,12 +31,16 @@ own positive rate per task, and features/edges follow the community.
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.chung_lu import homophilous_chung_lu, pareto_weights
+from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.splits import random_split
 from lightning_mqgnn.graph.validate import validate_dataset
@@ -67,6 +71,19 @@ PRESETS: dict[str, GraphPreset] = {
 }
 
 
+@dataclass(frozen=True)
+class _Skeleton:
+    """What a generated dataset has before its features: the shape, the nodes' classes, the
+    topology, and the random stream the features, labels and split are drawn from next."""
+
+    preset: GraphPreset
+    name: str
+    groups: int
+    classes: Tensor
+    graph: CSRGraph
+    gen: torch.Generator
+
+
 def generate_graph(
     preset: str = "arxiv",
     scale: float = 1.0,
@@ -94,6 +111,74 @@ def generate_graph(
     Pareto tail of the degree weights (degree exponent alpha + 1). ``class_skew``: class sizes
     follow rank^-skew. ``max_density``: the mean degree is capped at ``max_density * (N - 1)``.
     """
+    k = _skeleton(**_arguments(locals()))
+    p = k.preset
+    chunks = list(class_feature_chunks(k.classes, k.groups, p.num_features, feature_snr, k.gen))
+    features = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+    labels, (train, val, test) = _labels_and_split(k)
+    ds = GraphDataset(k.name, k.graph, features, labels, train, val, test, p.num_classes, p.metric)
+    return validate_dataset(ds)
+
+
+def write_generated_graph(
+    folder: str | os.PathLike,
+    preset: str = "arxiv",
+    scale: float = 1.0,
+    seed: int = 0,
+    *,
+    overwrite: bool = False,
+    num_nodes: int | None = None,
+    mean_degree: float | None = None,
+    num_features: int | None = None,
+    num_classes: int | None = None,
+    homophily: float = 0.6,
+    feature_snr: float = 1.5,
+    power_law_alpha: float = 1.5,
+    class_skew: float = 0.5,
+    max_density: float = 0.05,
+) -> Path:
+    """``generate_graph``'s dataset, the same bit for bit, written straight to ``folder`` in the
+    on-disk layout (``graph.ondisk``) with its features drawn and written a chunk at a time: the
+    feature matrix is never in memory, so a graph whose features exceed the memory can be made on
+    the machine that trains it. The topology is built in memory, as ``generate_graph`` builds it."""
+    arguments = _arguments(locals())
+    from lightning_mqgnn.graph.ondisk import DatasetWriter, tensor_chunks
+
+    with DatasetWriter(folder, overwrite=overwrite) as writer:
+        k = _skeleton(**arguments)
+        p = k.preset
+        writer.array("indptr", tensor_chunks(k.graph.indptr), "int64", (p.num_nodes + 1,))
+        writer.array("indices", tensor_chunks(k.graph.indices), "int64", (k.graph.num_edges,))
+        chunks = class_feature_chunks(k.classes, k.groups, p.num_features, feature_snr, k.gen)
+        writer.array("features", (c.numpy() for c in chunks), "float32", (p.num_nodes, p.num_features))
+        labels, splits = _labels_and_split(k)
+        writer.array(
+            "labels", tensor_chunks(labels), str(labels.dtype).removeprefix("torch."), tuple(labels.shape)
+        )
+        for split_name, idx in zip(("train_idx", "val_idx", "test_idx"), splits):
+            writer.array(split_name, tensor_chunks(idx), "int64", (idx.numel(),))
+        return writer.finish(name=k.name, num_classes=p.num_classes, metric=p.metric)
+
+
+def _arguments(arguments: dict) -> dict:
+    """The generation arguments of ``generate_graph`` or ``write_generated_graph`` (their locals)."""
+    return {k: v for k, v in arguments.items() if k not in ("folder", "overwrite")}
+
+
+def _skeleton(
+    preset: str,
+    scale: float,
+    seed: int,
+    num_nodes: int | None,
+    mean_degree: float | None,
+    num_features: int | None,
+    num_classes: int | None,
+    homophily: float,
+    feature_snr: float,
+    power_law_alpha: float,
+    class_skew: float,
+    max_density: float,
+) -> _Skeleton:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
     p = PRESETS[preset]
@@ -117,14 +202,17 @@ def generate_graph(
     classes = _class_assignment(p.num_nodes, groups, class_skew, gen)
     weights = pareto_weights(p.num_nodes, power_law_alpha, degree, gen)
     graph = homophilous_chung_lu(weights, classes, groups, homophily, gen)
-    features = class_features(classes, groups, p.num_features, feature_snr, gen)
-    labels = _multilabel_targets(classes, groups, p.num_classes, gen) if p.multilabel else classes
-    train, val, test = random_split(p.num_nodes, p.split, gen)
     name = f"generated-{preset}" + (
         f"-n{num_nodes}" if explicit_nodes else "" if scale == 1.0 else f"-x{scale:g}"
     )
-    ds = GraphDataset(name, graph, features, labels, train, val, test, p.num_classes, p.metric)
-    return validate_dataset(ds)
+    return _Skeleton(p, name, groups, classes, graph, gen)
+
+
+def _labels_and_split(k: _Skeleton) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+    """Drawn after the features, from the same stream."""
+    p = k.preset
+    labels = _multilabel_targets(k.classes, k.groups, p.num_classes, k.gen) if p.multilabel else k.classes
+    return labels, random_split(p.num_nodes, p.split, k.gen)
 
 
 def _class_assignment(num_nodes: int, num_classes: int, skew: float, gen: torch.Generator) -> Tensor:
@@ -133,16 +221,23 @@ def _class_assignment(num_nodes: int, num_classes: int, skew: float, gen: torch.
     return torch.multinomial(probs / probs.sum(), num_nodes, replacement=True, generator=gen)
 
 
-def class_features(
+FEATURE_CHUNK_ELEMENTS = 1 << 29  # 2 GiB of float32: every preset up to products at scale 1 is one chunk
+
+
+def class_feature_chunks(
     classes: Tensor, num_classes: int, num_features: int, snr: float, gen: torch.Generator
-) -> Tensor:
-    """``centroid[class] + noise``: centroids N(0, 1) per column, noise N(0, s^2) with
-    s = sqrt(2F) / (2 snr), i.e. nearest-centroid margins of ``snr`` noise stds whatever F is."""
+) -> Iterator[Tensor]:
+    """``centroid[class] + noise``, in row chunks of at most
+    ``FEATURE_CHUNK_ELEMENTS`` values: centroids N(0, 1) per column, noise N(0, s^2) with
+    s = sqrt(2F) / (2 snr), i.e. nearest-centroid margins of ``snr`` noise stds whatever F is.
+    The chunks are drawn in order from ``gen``, so the rows do not depend on who consumes them."""
     centroids = torch.randn(num_classes, num_features, generator=gen)
     noise_std = math.sqrt(2.0 * num_features) / (2.0 * snr)
-    x = torch.randn(classes.numel(), num_features, generator=gen)
-    x.mul_(noise_std).add_(centroids[classes])
-    return x
+    rows = max(FEATURE_CHUNK_ELEMENTS // num_features, 1)
+    for start in range(0, classes.numel(), rows):
+        part = classes[start : start + rows]
+        x = torch.randn(part.numel(), num_features, generator=gen)
+        yield x.mul_(noise_std).add_(centroids[part])
 
 
 def _multilabel_targets(

@@ -211,3 +211,12 @@ def test_gcn_without_glorot_keeps_linears_initialisation_draw_for_draw():
     torch.manual_seed(3)
     glorot = NodeClassifier(in_dim=128, num_classes=10, conv="gcn")
     assert glorot.layers[1].linear.weight.abs().max() > 1 / 256**0.5  # beyond nn.Linear's range
+
+
+def test_full_graph_stacks_take_the_same_initialisation():
+    from lightning_mqgnn.fullgraph.module import FullGraphNodeClassifier
+
+    for glorot_init, wider in ((True, True), (None, False)):
+        torch.manual_seed(3)
+        model = FullGraphNodeClassifier(in_dim=128, num_classes=10, conv="sage", glorot_init=glorot_init)
+        assert (model.stack.layers[0].neigh.weight.abs().max() > 1 / 128**0.5) == wider

@@ -1,0 +1,136 @@
+"""An on-disk dataset against the same dataset in memory: the converter, and the batch rate from a
+warm and from a cold page cache.
+
+    python recipes/bench.py ondisk --data products_like_1m --folder /tmp/mqgnn-ondisk/products_like_1m
+
+1. **Convert**: ``recipes/convert.py data=<--data> out=<--folder>`` (a generated graph is written
+   as it is drawn): its one line (MB, seconds, MB/s, peak RSS).
+2. **Train**, one fresh process per run, one at a time (a timing: run it on a quiet machine), for
+   each ``--loaders`` entry: ``data=<--data>`` in memory; ``data=ondisk`` with a **warm** page
+   cache (every file read once just before); and **cold** (every file's pages dropped from the
+   page cache first, ``posix_fadvise(DONTNEED)``, which needs no privileges). Each fit is
+   ``--epochs`` epochs with one validation per epoch and no test. Reported per run: batches per
+   second (training time only), the batch time, the training process's peak RSS (``VmHWM``),
+   the MB the machine read from its disks during the run (``/sys/block/*/stat``: sampler workers
+   and the validation pass, which reads every feature row, included) and the metrics, which
+   must agree between memory and disk (the same batches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks._recipe import fixed_epochs_overrides, result_fields
+from benchmarks._report import machine_header, write_report
+from benchmarks.tta import run_process
+
+RECIPES = Path(__file__).resolve().parents[1]
+SECTOR = 512  # the block layer's stat files count 512-byte sectors whatever the device's block size
+
+
+def disk_read_bytes() -> int:
+    """Bytes read from the machine's disks since boot: ``/sys/block/<disk>/stat`` (whole disks,
+    not partitions; loop, ram and device-mapper devices skipped: they sit on the disks)."""
+    total = 0
+    for stat in Path("/sys/block").glob("*/stat"):
+        if not stat.parent.name.startswith(("loop", "ram", "zram", "dm-")):
+            total += int(stat.read_text().split()[2]) * SECTOR
+    return total
+
+
+def set_page_cache(folder: Path, warm: bool) -> None:
+    """Read every file of ``folder`` (warm) or drop its pages from the page cache (cold)."""
+    for path in sorted(folder.iterdir()):
+        with open(path, "rb") as f:
+            if warm:
+                while f.read(64 << 20):
+                    pass
+            else:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def convert(data: str, folder: Path) -> str:
+    cmd = [sys.executable, str(RECIPES / "convert.py"), f"data={data}", f"out={folder}", "overwrite=true"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"convert failed: {proc.stderr.strip()[-2000:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def fit(data_overrides: list[str], loader: str, epochs: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="mqgnn-ondisk-") as run_dir:
+        cmd = [
+            sys.executable,
+            str(RECIPES / "train.py"),
+            *data_overrides,
+            f"loader={loader}",
+            *fixed_epochs_overrides(epochs),
+            "test=false",
+            f"hydra.run.dir={run_dir}",
+        ]
+        before = disk_read_bytes()
+        start = time.perf_counter()
+        rc, stdout, stderr, rss = run_process(cmd, 3600)
+        wall = time.perf_counter() - start
+        read = disk_read_bytes() - before
+    fields = result_fields(stdout)
+    if rc != 0 or fields is None:
+        raise RuntimeError(f"fit failed ({rc}): {stderr.strip()[-2000:]}")
+    batches = int(fields["batches"])
+    return dict(
+        batches=batches,
+        batches_per_s=batches / float(fields["train_time_s"]),
+        batch_ms=float(fields["batch_time_ms"]),
+        peak_rss_mb=rss,
+        read_mb=read / 1e6,
+        wall_s=wall,
+        val=fields["val"],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.py ondisk", description=__doc__)
+    parser.add_argument("--data", default="products_like_1m")
+    parser.add_argument(
+        "--folder", type=Path, help="where the converted dataset goes (default: a temporary folder)"
+    )
+    parser.add_argument("--loaders", default="sequential,pipeline")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="mqgnn-ondisk-data-") as scratch:
+        folder = args.folder or Path(scratch) / args.data
+        converted = convert(args.data, folder)
+        print(converted, flush=True)
+        rows = [
+            "| loader | data | page cache | batches / s | vs in memory | batch ms | peak RSS MB | MB read from disk | val |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for loader in args.loaders.split(","):
+            memory = fit([f"data={args.data}"], loader, args.epochs)
+            runs = [("in memory", "-", memory)]
+            for cache in ("warm", "cold"):
+                set_page_cache(folder, warm=cache == "warm")
+                runs.append(
+                    ("on disk", cache, fit(["data=ondisk", f"data.path={folder}"], loader, args.epochs))
+                )
+            for where, cache, r in runs:
+                rows.append(
+                    f"| {loader} | {where} | {cache} | {r['batches_per_s']:.1f} | "
+                    f"{r['batches_per_s'] / memory['batches_per_s']:.2f}x | {r['batch_ms']:.1f} | "
+                    f"{r['peak_rss_mb']:,.0f} | {r['read_mb']:,.0f} | {r['val']} |"
+                )
+                print(rows[-1], flush=True)
+    write_report(
+        f"On disk against in memory ({args.data})",
+        [*machine_header("ondisk", argv), f"- convert: {converted}"],
+        rows,
+        args.out,
+    )
+    return 0

@@ -1,0 +1,82 @@
+"""``recipes/convert.py`` and ``data=ondisk``: a converted dataset trains as its in-memory original
+does, through the sequential loader, spawned pipeline workers and two ranks, and every bad input is
+one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from helpers.paths import REPO
+from helpers.recipe import assert_one_error_line, result_fields, run_recipe
+
+CONVERT = [sys.executable, str(REPO / "recipes" / "convert.py")]
+SMALL = ("data.scale=0.02", "data.seed=1")
+
+
+def convert(*overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CONVERT, *overrides], capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ondisk") / "arxiv_small"
+    proc = convert(*SMALL, f"out={folder}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = proc.stdout.strip().splitlines()
+    assert line.startswith("wrote generated-arxiv") and f"to {folder}: " in line and "MB/s" in line, line
+    return folder
+
+
+def _scores(proc: subprocess.CompletedProcess) -> tuple[str, ...]:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = result_fields(proc.stdout)
+    return result["data"], result["val"], result["test"], result["batches"], result["feature_rows_per_batch"]
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        ("loader=sequential",),
+        ("loader=pipeline", "loader.num_workers=1", "loader.producer=workers", "loader.start_method=spawn"),
+    ],
+    ids=["sequential", "spawned_workers"],
+)
+def test_an_ondisk_dataset_trains_as_its_in_memory_original(converted, tmp_path, loader):
+    common = ("trainer.max_epochs=2", *loader)
+    in_memory = run_recipe(tmp_path / "memory", *SMALL, *common)
+    on_disk = run_recipe(tmp_path / "disk", "data=ondisk", f"data.path={converted}", *common)
+    assert _scores(on_disk) == _scores(in_memory)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_ranks_train_on_an_ondisk_dataset_as_in_memory(converted, tmp_path):
+    common = ("trainer.max_epochs=2", "trainer.accelerator=cpu", "trainer.devices=2", "strategy=mqgnn")
+    in_memory = run_recipe(tmp_path / "memory", *SMALL, *common, timeout=600)
+    on_disk = run_recipe(tmp_path / "disk", "data=ondisk", f"data.path={converted}", *common, timeout=600)
+    assert _scores(on_disk) == _scores(in_memory)
+
+
+def test_ondisk_without_a_path_or_with_a_wrong_one_is_one_error_line(converted, tmp_path):
+    assert_one_error_line(run_recipe(tmp_path / "a", "data=ondisk"), "data.path")
+    missing = tmp_path / "nowhere"
+    assert_one_error_line(
+        run_recipe(tmp_path / "b", "data=ondisk", f"data.path={missing}"), f"{missing}: no such folder"
+    )
+
+
+def test_convert_refuses_an_existing_folder_in_one_line(converted):
+    proc = convert(*SMALL, f"out={converted}")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: {converted}: already exists; pass overwrite=True (recipes/convert.py overwrite=true) to replace it"
+    ]
+    assert "Traceback" not in proc.stderr
+
+
+def test_convert_without_out_is_one_error_line():
+    proc = convert(*SMALL)
+    assert_one_error_line(proc, "out")
