@@ -27,6 +27,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import scipy.sparse as sp
 
+from lightning_mqgnn.graph.npy import read_npy_header
+
 # the globals besides numpy's and scipy.sparse's classes that the published pickles reference
 _PICKLE_GLOBALS = {
     ("collections", "defaultdict"),
@@ -72,13 +74,7 @@ def _npz_member(path: Path, key: str) -> Any:
     who = f"{path.name}['{key}']"
     try:
         with zipfile.ZipFile(path) as z, z.open(f"{key}.npy") as f:
-            version = np.lib.format.read_magic(f)
-            read_header = (
-                np.lib.format.read_array_header_1_0
-                if version == (1, 0)
-                else np.lib.format.read_array_header_2_0
-            )
-            shape, fortran, dtype = read_header(f)
+            shape, fortran, dtype = read_npy_header(f)
             if dtype.hasobject:
                 value = _unpickle(f, who)
                 return value.item() if isinstance(value, np.ndarray) and value.shape == () else value

@@ -35,8 +35,10 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_mqgnn.durable import fsync_folder
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
+from lightning_mqgnn.graph.npy import read_npy_header
 
 __all__ = [
     "FORMAT",
@@ -77,6 +79,7 @@ class MappedDataset(GraphDataset):
     def share_memory_(self) -> MappedDataset:
         return self
 
+    @override
     def __reduce_ex__(self, protocol):
         return open_dataset, (self.folder,)
 
@@ -243,7 +246,7 @@ class DatasetWriter:
         )
         manifest.check_shapes(self.partial / MANIFEST)
         _write_durably(self.partial / MANIFEST, manifest.to_json().encode())
-        _fsync_folder(self.partial)
+        fsync_folder(self.partial)
         if self.folder.exists():
             old = self.folder.with_name(f".{self.folder.name}.old-{os.getpid()}")
             self.folder.rename(old)
@@ -251,7 +254,7 @@ class DatasetWriter:
             shutil.rmtree(old)
         else:
             self.partial.rename(self.folder)
-        _fsync_folder(self.folder.parent)
+        fsync_folder(self.folder.parent)
         return self.folder
 
 
@@ -325,13 +328,7 @@ def _map_array(path: Path, expected: ArrayFile) -> Tensor:
         raise OnDiskError(f"{path}: missing (the manifest lists it)")
     with open(path, "rb") as f:
         try:
-            version = np.lib.format.read_magic(f)
-            read_header = (
-                np.lib.format.read_array_header_1_0
-                if version == (1, 0)
-                else np.lib.format.read_array_header_2_0
-            )
-            shape, fortran, dtype = read_header(f)
+            shape, fortran, dtype = read_npy_header(f)
         except ValueError as err:
             raise OnDiskError(f"{path}: not a .npy file ({err})") from err
         offset = f.tell()
@@ -356,14 +353,6 @@ def _write_durably(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _fsync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove_stale_partials(folder: Path) -> None:

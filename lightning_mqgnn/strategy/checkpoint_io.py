@@ -13,6 +13,8 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
+from lightning_mqgnn.durable import fsync_folder
+
 
 class CheckpointError(Exception):
     """A checkpoint that could not be written or read, named with what happened to it."""
@@ -24,14 +26,6 @@ def _local_path(path: _PATH) -> Path | None:
     if "://" in text and not text.startswith("file://"):
         return None
     return Path(text.removeprefix("file://"))
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -66,7 +60,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(partial, target)
-            _fsync_dir(target.parent)
+            fsync_folder(target.parent)
         except (OSError, RuntimeError) as err:  # torch's zip writer reports a failed write as RuntimeError
             partial.unlink(missing_ok=True)
             earlier = (
