@@ -1,6 +1,6 @@
 """``recipes/convert.py`` and ``data=ondisk``: a converted dataset trains as its in-memory original
-does, through the sequential loader, spawned pipeline workers and two ranks, and every bad input is
-one line."""
+does, through the sequential loader, spawned pipeline workers, the GNS cache, LABOR and two ranks,
+and every bad input is one line."""
 
 from __future__ import annotations
 
@@ -36,15 +36,17 @@ def _scores(proc: subprocess.CompletedProcess) -> tuple[str, ...]:
 
 
 @pytest.mark.parametrize(
-    "loader",
+    "setup",
     [
         ("loader=sequential",),
         ("loader=pipeline", "loader.num_workers=1", "loader.producer=workers", "loader.start_method=spawn"),
+        ("model=sage_gns",),
+        ("model=labor_sage",),
     ],
-    ids=["sequential", "spawned_workers"],
+    ids=["sequential", "spawned_workers", "gns", "labor"],
 )
-def test_an_ondisk_dataset_trains_as_its_in_memory_original(converted, tmp_path, loader):
-    common = ("trainer.max_epochs=2", *loader)
+def test_an_ondisk_dataset_trains_as_its_in_memory_original(converted, tmp_path, setup):
+    common = ("trainer.max_epochs=2", *setup)
     in_memory = run_recipe(tmp_path / "memory", *SMALL, *common)
     on_disk = run_recipe(tmp_path / "disk", "data=ondisk", f"data.path={converted}", *common)
     assert _scores(on_disk) == _scores(in_memory)
