@@ -20,6 +20,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from train import RecipeError, check_config_names
 
 from lightning_mqgnn.graph.generated import write_generated_graph
 from lightning_mqgnn.graph.ondisk import Manifest, OnDiskError, open_dataset, write_dataset
@@ -62,4 +63,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    try:
+        check_config_names(sys.argv[1:])
+    except RecipeError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
     main()

@@ -82,3 +82,9 @@ def test_convert_refuses_an_existing_folder_in_one_line(converted):
 def test_convert_without_out_is_one_error_line():
     proc = convert(*SMALL)
     assert_one_error_line(proc, "out")
+
+
+def test_convert_with_an_unknown_data_config_is_one_error_line(tmp_path):
+    proc = convert("data=nonexistent", f"out={tmp_path / 'x'}")
+    assert_one_error_line(proc, "unknown data config 'nonexistent'", "products_like_1m")
+    assert not (tmp_path / "x").exists()
