@@ -20,7 +20,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from train import RecipeError, check_config_names
+from train import config_error_line, exit_on_unknown_config_names
 
 from lightning_mqgnn.graph.generated import write_generated_graph
 from lightning_mqgnn.graph.ondisk import Manifest, OnDiskError, open_dataset, write_dataset
@@ -57,15 +57,10 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
     except (InstantiationException, OmegaConfBaseException) as err:
-        cause = err.__cause__ or err
-        print(f"error: {str(cause).splitlines()[0]}", file=sys.stderr, flush=True)
+        print(f"error: {config_error_line(err)}", file=sys.stderr, flush=True)
         sys.exit(2)
 
 
 if __name__ == "__main__":
-    try:
-        check_config_names(sys.argv[1:])
-    except RecipeError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    exit_on_unknown_config_names(sys.argv[1:])
     main()

@@ -509,15 +509,24 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {err} (traceback: {log})", file=sys.stderr, flush=True)
         sys.exit(1)
     except (InstantiationException, OmegaConfBaseException) as err:
-        cause = err.__cause__ or err
-        print(f"error: {str(cause).splitlines()[0]}", file=sys.stderr, flush=True)
+        print(f"error: {config_error_line(err)}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def config_error_line(err: InstantiationException | OmegaConfBaseException) -> str:
+    """The first line of what a bad configuration raised (Hydra wraps the cause in more lines)."""
+    return str(err.__cause__ or err).splitlines()[0]
+
+
+def exit_on_unknown_config_names(argv: list[str]) -> None:
+    """``check_config_names`` as a script's first step: one ``error:`` line and exit code 2."""
+    try:
+        check_config_names(argv)
+    except RecipeError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
 
 
 if __name__ == "__main__":
-    try:
-        check_config_names(sys.argv[1:])
-    except RecipeError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    exit_on_unknown_config_names(sys.argv[1:])
     main()

@@ -142,21 +142,19 @@ def write_generated_graph(
     feature matrix is never in memory, so a graph whose features exceed the memory can be made on
     the machine that trains it. The topology is built in memory, as ``generate_graph`` builds it."""
     arguments = _arguments(locals())
-    from lightning_mqgnn.graph.ondisk import DatasetWriter, tensor_chunks
+    from lightning_mqgnn.graph.ondisk import DatasetWriter
 
     with DatasetWriter(folder, overwrite=overwrite) as writer:
         k = _skeleton(**arguments)
         p = k.preset
-        writer.array("indptr", tensor_chunks(k.graph.indptr), "int64", (p.num_nodes + 1,))
-        writer.array("indices", tensor_chunks(k.graph.indices), "int64", (k.graph.num_edges,))
+        writer.tensor("indptr", k.graph.indptr)
+        writer.tensor("indices", k.graph.indices)
         chunks = class_feature_chunks(k.classes, k.groups, p.num_features, feature_snr, k.gen)
         writer.array("features", (c.numpy() for c in chunks), "float32", (p.num_nodes, p.num_features))
         labels, splits = _labels_and_split(k)
-        writer.array(
-            "labels", tensor_chunks(labels), str(labels.dtype).removeprefix("torch."), tuple(labels.shape)
-        )
+        writer.tensor("labels", labels)
         for split_name, idx in zip(("train_idx", "val_idx", "test_idx"), splits):
-            writer.array(split_name, tensor_chunks(idx), "int64", (idx.numel(),))
+            writer.tensor(split_name, idx)
         return writer.finish(name=k.name, num_classes=p.num_classes, metric=p.metric)
 
 

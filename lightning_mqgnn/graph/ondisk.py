@@ -229,6 +229,10 @@ class DatasetWriter:
             os.fsync(f.fileno())
         self.arrays[name] = ArrayFile(dtype_.name, shape)
 
+    def tensor(self, name: str, t: Tensor) -> None:
+        """``<name>.npy`` from the tensor ``t``, in ``tensor_chunks``, with its dtype and shape."""
+        self.array(name, tensor_chunks(t), str(t.dtype).removeprefix("torch."), tuple(t.shape))
+
     def finish(self, *, name: str, num_classes: int, metric: str) -> Path:
         """Write the manifest and rename the folder into place (replacing an older one)."""
         missing = [a for a in ARRAYS if a not in self.arrays]
@@ -286,7 +290,7 @@ def write_dataset(dataset: GraphDataset, folder: str | os.PathLike, *, overwrite
     }
     with DatasetWriter(folder, overwrite=overwrite) as writer:
         for name, t in tensors.items():
-            writer.array(name, tensor_chunks(t), str(t.dtype).removeprefix("torch."), tuple(t.shape))
+            writer.tensor(name, t)
         return writer.finish(name=dataset.name, num_classes=dataset.num_classes, metric=dataset.metric)
 
 
@@ -332,15 +336,14 @@ def _map_array(path: Path, expected: ArrayFile) -> Tensor:
         except ValueError as err:
             raise OnDiskError(f"{path}: not a .npy file ({err})") from err
         offset = f.tell()
-    if (dtype.name, tuple(shape)) != (expected.dtype, expected.shape) or fortran:
+    if (dtype.name, shape) != (expected.dtype, expected.shape) or fortran:
         raise OnDiskError(
-            f"{path}: holds {dtype.name} {tuple(shape)}, the manifest says {expected.dtype} {expected.shape}"
+            f"{path}: holds {dtype.name} {shape}, the manifest says {expected.dtype} {expected.shape}"
         )
-    size = path.stat().st_size
-    if size != offset + expected.nbytes:
-        raise OnDiskError(
-            f"{path}: {size:,} bytes, expected {offset + expected.nbytes:,} ({'truncated' if size < offset + expected.nbytes else 'trailing bytes'})"
-        )
+    size, whole = path.stat().st_size, offset + expected.nbytes
+    if size != whole:
+        what = "truncated" if size < whole else "trailing bytes"
+        raise OnDiskError(f"{path}: {size:,} bytes, expected {whole:,} ({what})")
     if expected.nbytes == 0:  # an empty mapping is not allowed
         return torch.empty(expected.shape, dtype=getattr(torch, expected.dtype))
     # private (copy-on-write) pages: torch gets a writable array, the file is never written. The
