@@ -41,6 +41,12 @@ PRIVATE_APIS: dict[str, str] = {
         "strategy/mqgnn.py: the path type of the overridden save_checkpoint/load_checkpoint, "
         "kept identical to the signatures of the Strategy methods they override"
     ),
+    "lightning.pytorch.trainer.trainer.Trainer._val_check_time_interval": (
+        "callbacks/validation_budget.py: the seconds after the last validation at which Lightning's "
+        "time-based schedule validates, read after every training batch; ValidationTimeBudget sets "
+        "it to 0 after the batch it validates after and to infinity otherwise. No public API lets a "
+        "callback choose the batches after which to validate"
+    ),
     "torch._fused_adam_": (
         "models/optim.py: the kernel of torch.optim.Adam(fused=True), called directly by FusedAdam; "
         "Adam.step reaches it only through about 0.1 ms a step of Python (a profiler scope, "

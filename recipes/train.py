@@ -43,6 +43,7 @@ from lightning_mqgnn.callbacks import (
     PeakMemoryMonitor,
     Preempted,
     StageTimingCallback,
+    ValidationTimeBudget,
 )
 from lightning_mqgnn.callbacks.last_checkpoint import LAST_CHECKPOINT
 from lightning_mqgnn.fullgraph.strategy_base import FullGraphStrategyBase
@@ -219,7 +220,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         plugins=checkpoint_plugins(strategy),
         log_every_n_steps=log_every,
         **run_length(cfg, batches),
-        **validation_schedule(cfg.val_every_batches, batches),
+        **(validation_schedule(cfg.val_every_batches, batches) if cfg.get("val_time_share") is None else {}),
     )
     # Everything built so far (imports, config, dataset, model: hundreds of thousands of Python
     # objects) lives for the whole run; freezing it keeps the cyclic collector from scanning it
@@ -340,6 +341,7 @@ RUN_DEFINING = (
     "loader.shuffle",
     "loader.drop_last",
     "val_every_batches",  # Lightning resumes an epoch-end checkpoint wrongly under another schedule
+    "val_time_share",
     "trainer.accumulate_grad_batches",
 )
 
@@ -444,6 +446,15 @@ def recipe_callbacks(
         *strategy_callbacks(strategy),
         FitPhase(),
     ]
+    if cfg.get("val_time_share") is not None:
+        if cfg.val_every_batches < 1:
+            raise RecipeError(
+                f"val_time_share={cfg.val_time_share} checks every val_every_batches batches whether "
+                f"a validation fits the share: give val_every_batches >= 1, not {cfg.val_every_batches}"
+            )
+        callbacks.append(
+            ValidationTimeBudget(share=float(cfg.val_time_share), every_batches=cfg.val_every_batches)
+        )
     if last_checkpoint:
         if checkpoint_dir is None:
             raise ValueError("last_checkpoint needs a checkpoint_dir")

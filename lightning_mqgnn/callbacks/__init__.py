@@ -1,4 +1,4 @@
-"""Lightning callbacks of the paper's protocol: batch-level early stopping, batch and stage
+"""Lightning callbacks of the paper's protocol: batch-level early stopping, validation within a share of the wall time, batch and stage
 timing on one clock, the GPU busy fraction, every rank's peak memory, the MQ-GNN strategy's
 communication counters, and the checkpoint a fit resumes from (epoch ends, and where a
 scheduler's signal stops it)."""
@@ -11,6 +11,7 @@ from lightning_mqgnn.callbacks.gpu_busy import GPUBusyMonitor
 from lightning_mqgnn.callbacks.last_checkpoint import LastCheckpoint, Preempted
 from lightning_mqgnn.callbacks.peak_memory import PeakMemoryMonitor
 from lightning_mqgnn.callbacks.stage_timing import StageTimingCallback
+from lightning_mqgnn.callbacks.validation_budget import ValidationTimeBudget
 
 __all__ = [
     "BatchEarlyStopping",
@@ -24,4 +25,5 @@ __all__ = [
     "TrainingClock",
     "trimmed",
     "trimmed_mean",
+    "ValidationTimeBudget",
 ]

@@ -40,6 +40,8 @@ class FullGraphInference:
         self.aggregation = aggregation
         self._weights = edge_weights(dataset.graph, aggregation)
         self._all_chunks: list[tuple[Tensor, Block]] | None = None
+        # the last layer's, for the nodes of the latest call (a loader scores the same tensor each time)
+        self._scored: tuple[Tensor, list[tuple[Tensor, Block]]] | None = None
 
     def _chunks(self, dst: Tensor) -> list[tuple[Tensor, Block]]:
         graph = self.dataset.graph
@@ -60,12 +62,16 @@ class FullGraphInference:
         nodes: Tensor,
         device: torch.device,
     ) -> Tensor:
-        """Outputs of the last layer for ``nodes``; ``between`` is applied after every other layer."""
+        """Outputs of the last layer for ``nodes``; ``between`` is applied after every other layer,
+        to a tensor of its own that it may overwrite (``torch.relu_``: no second copy of every
+        node's hidden state)."""
         h = self.dataset.features.to(device)
         for i, layer in enumerate(layers):
             last = i == len(layers) - 1
             if last:
-                chunks = self._chunks(nodes)
+                if self._scored is None or self._scored[0] is not nodes:
+                    self._scored = (nodes, self._chunks(nodes))
+                chunks = self._scored[1]
             else:
                 if self._all_chunks is None:
                     self._all_chunks = self._chunks(torch.arange(self.dataset.num_nodes))

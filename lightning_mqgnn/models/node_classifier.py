@@ -149,7 +149,7 @@ class NodeClassifierBase(pl.LightningModule):
     def _full_graph_logits(self, batch: FullGraphBatch) -> Tensor:
         if self._inference is None or self._inference.dataset is not batch.dataset:
             self._inference = FullGraphInference(batch.dataset, self.aggregation)
-        return self._inference.run(self.layers, torch.relu, batch.nodes, self.device)
+        return self._inference.run(self.layers, torch.relu_, batch.nodes, self.device)
 
     def _score(self, batch: FullGraphBatch, metric, name: str) -> None:
         logits = self._full_graph_logits(batch)

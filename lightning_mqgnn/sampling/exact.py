@@ -54,12 +54,25 @@ def full_block(graph: CSRGraph, dst: Tensor, weights: Tensor, self_weights: Tens
     ``dst`` is ``0, 1, ..., len(dst) - 1`` the destinations are the first sources
     (``dst_in_src``), as in a sampled block.
     """
+    has_self = bool((self_weights != 0).any())
+    first = int(dst[0]) if dst.numel() else 0
+    if not has_self and torch.equal(dst, torch.arange(first, first + dst.numel(), dtype=dst.dtype)):
+        # consecutive destinations: their rows are one slice of the CSR, used as they are
+        lo, hi = int(graph.indptr[first]), int(graph.indptr[first + dst.numel()])
+        block = Block(
+            num_dst=dst.numel(),
+            num_src=graph.num_nodes,
+            indptr=graph.indptr[first : first + dst.numel() + 1] - lo,
+            indices=graph.indices[lo:hi],
+            weights=weights[lo:hi],
+            dst_in_src=first == 0,
+        )
+        return block, dst
     starts, ends = graph.indptr[dst], graph.indptr[dst + 1]
     counts = ends - starts
     edge_pos = row_positions(starts, counts)
     src = graph.indices[edge_pos]
     w = weights[edge_pos]
-    has_self = bool((self_weights != 0).any())
     if has_self:
         local_dst = torch.repeat_interleave(torch.arange(dst.numel()), counts)
         local_dst = torch.cat([local_dst, torch.arange(dst.numel())])

@@ -21,6 +21,7 @@ ROOT = Path(lightning_mqgnn.__file__).parent
 LIGHTNING_MODULE_NAMES = ("model", "module", "pl_module", "lightning_module")
 LIGHTNING_BASES = (pl.Callback, pl.LightningModule, pl.LightningDataModule, Strategy)
 LIGHTNING_MODULE = "lightning.pytorch.core.module.LightningModule"
+TRAINER = "lightning.pytorch.trainer.trainer.Trainer"
 
 
 def package_modules():
@@ -99,6 +100,13 @@ def private_uses() -> set[str]:
                 and not node.attr.startswith("__")
             ):
                 found.add(f"{LIGHTNING_MODULE}.{node.attr}")
+            if (  # trainer._x: a private attribute of Lightning's Trainer
+                isinstance(node, ast.Attribute)
+                and getattr(node.value, "id", None) == "trainer"
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                found.add(f"{TRAINER}.{node.attr}")
             if (
                 isinstance(node, ast.Attribute)
                 and node.attr.startswith("_")

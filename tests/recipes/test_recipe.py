@@ -337,6 +337,25 @@ def test_a_run_resumed_to_a_later_end_validates_where_it_would_have(tmp_path):
         assert fields_a[key] == fields_b[key], key
 
 
+def test_a_run_validating_within_a_share_of_its_time_resumes_exactly(tmp_path):
+    """Under val_time_share the validations fall where the clock says, the batches trained on do
+    not: the run resumed from its second epoch ends with the straight run's parameters."""
+    timed = (*RESUME, "val_time_share=0.5")
+    through = run_recipe(tmp_path / "through", *timed, "trainer.max_epochs=4")
+    half = run_recipe(tmp_path / "half", *timed, "trainer.max_epochs=2")
+    last = tmp_path / "half" / "checkpoints" / "last.ckpt"
+    resumed = run_recipe(tmp_path / "resumed", *timed, "trainer.max_epochs=4", f"ckpt_path={last}")
+    for proc in (through, half, resumed):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    _last_checkpoints_equal(tmp_path / "through" / "checkpoints" / "last.ckpt", last)
+    assert result_fields(resumed.stdout)["batches"] == result_fields(through.stdout)["batches"]
+
+
+def test_a_time_share_without_a_batch_interval_is_one_error_line(tmp_path):
+    proc = run_recipe(tmp_path, "data.scale=0.01", "val_time_share=0.5", "val_every_batches=0")
+    assert_one_error_line(proc, "val_time_share=0.5", "val_every_batches >= 1")
+
+
 @pytest.mark.slow  # six rank processes each import the stack
 @pytest.mark.distributed
 @pytest.mark.parametrize("strategy", ["ddp", "mqgnn"])

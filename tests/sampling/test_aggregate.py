@@ -152,3 +152,23 @@ def test_producers_give_the_layers_above_the_input_their_transpose():
     for block in batch.blocks[1:]:
         assert torch.equal(block.src_rows, block.with_transpose().src_rows)
         assert int(block.src_indptr[-1]) == block.num_edges
+
+
+@pytest.mark.parametrize("aggregation", ["mean", "gcn"])
+def test_a_full_block_of_consecutive_nodes_is_the_dense_operator_of_those_rows(aggregation):
+    """Consecutive destinations take their rows of the CSR as they are (mean), or are gathered with
+    their self loops (gcn); either way the block is the exact operator restricted to those rows,
+    as for the same nodes in another order."""
+    from helpers.graphs import random_graph
+
+    from lightning_mqgnn.sampling.exact import edge_weights, full_block
+
+    graph = random_graph(60, 400, seed=3, isolate_last=True)
+    weights = edge_weights(graph, aggregation)
+    everything, _ = full_block(graph, torch.arange(60), *weights)
+    for lo, hi in ((0, 60), (0, 7), (13, 41), (45, 60)):
+        block, _ = full_block(graph, torch.arange(lo, hi), *weights)
+        shuffled, _ = full_block(graph, torch.arange(hi - 1, lo - 1, -1), *weights)
+        assert block.num_dst == hi - lo and block.dst_in_src == (lo == 0)
+        assert torch.allclose(dense(block), dense(everything)[lo:hi])
+        assert torch.allclose(dense(block), dense(shuffled).flip(0))

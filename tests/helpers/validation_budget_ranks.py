@@ -1,0 +1,89 @@
+"""A fit under ``ValidationTimeBudget`` on a clock the module moves: each training batch costs one
+second, each validation ``VALIDATION_S`` (``python validation_budget_ranks.py OUT [ranks]``).
+
+Every rank writes ``<OUT>/rank<r>.json``: the global steps after which it validated. On two ranks
+rank 1's validations cost ten times rank 0's: without one decision for all, the ranks would
+disagree on when to validate and wait for each other in different collectives.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_mqgnn.callbacks import ValidationTimeBudget, validation_budget
+
+VALIDATION_S = 3.0
+
+
+class FakeClock:
+    """``time.monotonic`` of the callback's module, moved by the model."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class ClockedModel(pl.LightningModule):
+    def __init__(self, clock: FakeClock, validation_s: float):
+        super().__init__()
+        self.clock, self.validation_s = clock, validation_s
+        self.net = nn.Linear(2, 1)
+        self.validated_after: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        self.clock.now += 1.0
+        return self.net(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.clock.now += self.validation_s
+        self.validated_after.append(self.trainer.global_step)
+        self.log("val/metric", self.net(batch[0]).mean(), sync_dist=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def fit(out: Path | None, ranks: int = 1, epoch_batches: int = 4, steps: int = 16, **budget) -> list[int]:
+    """The steps after which validation ran, on a fit of ``steps`` batches."""
+    clock = FakeClock()
+    data = TensorDataset(torch.ones(epoch_batches * ranks, 2))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=ranks,
+        strategy="ddp" if ranks > 1 else "auto",
+        max_steps=steps,
+        callbacks=[ValidationTimeBudget(**budget)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    rank = trainer.global_rank
+    model = ClockedModel(clock, VALIDATION_S * (10 if rank == 1 else 1))
+    validation_budget.time = clock  # only the callback's clock: Lightning keeps its own
+    try:
+        trainer.fit(
+            model,
+            DataLoader(data, batch_size=1),
+            DataLoader(TensorDataset(torch.ones(ranks, 2)), batch_size=1),
+        )
+    finally:
+        validation_budget.time = time
+    if out is not None:
+        (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(model.validated_after))
+    return model.validated_after
+
+
+if __name__ == "__main__":
+    fit(Path(sys.argv[1]), ranks=int(sys.argv[2]) if len(sys.argv) > 2 else 1, share=0.5, every_batches=2)
