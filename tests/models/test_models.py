@@ -11,11 +11,11 @@ from lightning_mqgnn.pipeline.gather import gather
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 
-def uniform_edges_dataset(n=120, f=6, classes=3, seed=0) -> GraphDataset:
-    """600 uniformly random edges, random features and labels, a random 60/30/rest split: not the
+def uniform_edges_dataset(n=120, f=6, classes=3, seed=0, num_edges=600) -> GraphDataset:
+    """``num_edges`` uniformly random edges (both directions), random features and labels, a random 60/30/rest split: not the
     generated arxiv-like graph of ``helpers.pipeline.small_dataset``."""
     g = torch.Generator().manual_seed(seed)
-    src, dst = torch.randint(0, n, (600,), generator=g), torch.randint(0, n, (600,), generator=g)
+    src, dst = torch.randint(0, n, (num_edges,), generator=g), torch.randint(0, n, (num_edges,), generator=g)
     graph = CSRGraph.from_edges(src, dst, n, symmetrize=True)
     perm = torch.randperm(n, generator=g)
     return GraphDataset(
@@ -42,6 +42,38 @@ def test_full_fanout_forward_equals_exact_inference(conv, aggregation):
         sampled = model(batch.blocks, batch.features)
     exact = model._full_graph_logits(FullGraphBatch(ds, nodes, "test"))
     assert torch.allclose(sampled, exact, atol=1e-5)
+
+
+@pytest.mark.parametrize("conv,aggregation", [("gcn", "gcn"), ("sage", "mean")])
+def test_exact_inference_over_the_rows_later_layers_read_equals_it_over_every_node(
+    conv, aggregation, monkeypatch
+):
+    """A sparse graph and a few scored nodes: each layer below the last computes only the rows
+    above and their in-neighbours, with the logits of computing every node and of the sampled
+    forward with all neighbours."""
+    from lightning_mqgnn.models.inference import FullGraphInference
+
+    torch.manual_seed(0)
+    ds = uniform_edges_dataset(n=400, num_edges=300)
+    nodes = ds.test_idx[:12]
+    model = NodeClassifier(ds.num_features, ds.num_classes, conv=conv, hidden=16, num_layers=3, dropout=0.0)
+    model.eval()
+    inference = FullGraphInference(ds, aggregation)
+    rows = inference.rows_per_layer(nodes, 3)
+    assert rows[0] is not None and rows[1] is not None and rows[2] is nodes
+    assert nodes.numel() < rows[1].numel() < rows[0].numel() < ds.num_nodes
+    closure = inference.run(model.layers, torch.relu_, nodes, torch.device("cpu"))
+    monkeypatch.setattr(FullGraphInference, "CLOSURE_SHARE", 0.0)  # every node at every layer below
+    everything = FullGraphInference(ds, aggregation)
+    assert everything.rows_per_layer(nodes, 3)[:2] == [None, None]
+    every_node = everything.run(model.layers, torch.relu_, nodes, torch.device("cpu"))
+    batch = gather(NeighborSampler(ds.graph, [-1, -1, -1], aggregation).sample(nodes), ds.features, ds.labels)
+    with torch.no_grad():
+        sampled = model(batch.blocks, batch.features)
+    assert torch.allclose(closure, every_node, atol=1e-5)
+    assert torch.allclose(closure, sampled, atol=1e-5)
+    # the plan is built once per scored tensor, and a second call gives the same logits
+    assert torch.equal(inference.run(model.layers, torch.relu_, nodes, torch.device("cpu")), closure)
 
 
 def test_training_step_reduces_loss_on_a_fixed_batch():
