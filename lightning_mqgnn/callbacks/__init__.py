@@ -1,7 +1,7 @@
-"""Lightning callbacks of the paper's protocol: batch-level early stopping, validation within a share of the wall time, batch and stage
-timing on one clock, the GPU busy fraction, every rank's peak memory, the MQ-GNN strategy's
-communication counters, and the checkpoint a fit resumes from (epoch ends, and where a
-scheduler's signal stops it)."""
+"""Lightning callbacks of the paper's protocol: batch-level early stopping, validation within a
+share of the wall time, batch and stage timing on one clock, the GPU busy fraction, every rank's
+peak memory, the MQ-GNN strategy's communication counters, and the checkpoint a fit resumes from
+(epoch ends, and where a scheduler's signal stops it)."""
 
 from lightning_mqgnn.callbacks.batch_timer import BatchTimer
 from lightning_mqgnn.callbacks.clock import TrainingClock, trimmed, trimmed_mean

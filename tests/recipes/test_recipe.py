@@ -319,19 +319,26 @@ def _last_checkpoints_equal(a_path, b_path) -> None:
         assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
 
 
+def _resumed_as_straight(tmp_path, *overrides: str):
+    """A run of 4 epochs straight through, one of 2, and that one resumed to 4 (all under
+    ``overrides``): their processes, after checking that the resumed run ends with the straight
+    run's last checkpoint."""
+    through = run_recipe(tmp_path / "through", *overrides, "trainer.max_epochs=4")
+    half = run_recipe(tmp_path / "half", *overrides, "trainer.max_epochs=2")
+    last = tmp_path / "half" / "checkpoints" / "last.ckpt"
+    resumed = run_recipe(tmp_path / "resumed", *overrides, "trainer.max_epochs=4", f"ckpt_path={last}")
+    for proc in (through, half, resumed):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    _last_checkpoints_equal(tmp_path / "through" / "checkpoints" / "last.ckpt", last)
+    return through, resumed
+
+
 def test_a_run_resumed_to_a_later_end_validates_where_it_would_have(tmp_path):
     """Validation every 3 epochs of 4 batches: the two-epoch half ends before its first validation,
     and the run resumed to 4 epochs validates after its third, as the straight run does (a schedule
     that depended on the run's length would differ, and Lightning resumes an epoch-end checkpoint
     under another schedule one batch off)."""
-    every_3_epochs = (*RESUME[:-1], "val_every_batches=10")
-    through = run_recipe(tmp_path / "through", *every_3_epochs, "trainer.max_epochs=4")
-    half = run_recipe(tmp_path / "half", *every_3_epochs, "trainer.max_epochs=2")
-    last = tmp_path / "half" / "checkpoints" / "last.ckpt"
-    resumed = run_recipe(tmp_path / "resumed", *every_3_epochs, "trainer.max_epochs=4", f"ckpt_path={last}")
-    for proc in (through, half, resumed):
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    _last_checkpoints_equal(tmp_path / "through" / "checkpoints" / "last.ckpt", last)
+    through, resumed = _resumed_as_straight(tmp_path, *RESUME[:-1], "val_every_batches=10")
     fields_a, fields_b = result_fields(through.stdout), result_fields(resumed.stdout)
     for key in ("val", "test", "epochs", "batches"):
         assert fields_a[key] == fields_b[key], key
@@ -340,14 +347,7 @@ def test_a_run_resumed_to_a_later_end_validates_where_it_would_have(tmp_path):
 def test_a_run_validating_within_a_share_of_its_time_resumes_exactly(tmp_path):
     """Under val_time_share the validations fall where the clock says, the batches trained on do
     not: the run resumed from its second epoch ends with the straight run's parameters."""
-    timed = (*RESUME, "val_time_share=0.5")
-    through = run_recipe(tmp_path / "through", *timed, "trainer.max_epochs=4")
-    half = run_recipe(tmp_path / "half", *timed, "trainer.max_epochs=2")
-    last = tmp_path / "half" / "checkpoints" / "last.ckpt"
-    resumed = run_recipe(tmp_path / "resumed", *timed, "trainer.max_epochs=4", f"ckpt_path={last}")
-    for proc in (through, half, resumed):
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    _last_checkpoints_equal(tmp_path / "through" / "checkpoints" / "last.ckpt", last)
+    through, resumed = _resumed_as_straight(tmp_path, *RESUME, "val_time_share=0.5")
     assert result_fields(resumed.stdout)["batches"] == result_fields(through.stdout)["batches"]
 
 
@@ -363,13 +363,7 @@ def test_a_resumed_two_rank_run_trains_as_one_that_ran_through(tmp_path, strateg
     """Two gloo ranks: rank 0 decides when to write and writes, both restore from its file."""
 
     ranks = ("trainer.accelerator=cpu", "trainer.devices=2", f"strategy={strategy}")
-    through = run_recipe(tmp_path / "through", *RESUME, *ranks, "trainer.max_epochs=4")
-    half = run_recipe(tmp_path / "half", *RESUME, *ranks, "trainer.max_epochs=2")
-    last = tmp_path / "half" / "checkpoints" / "last.ckpt"
-    resumed = run_recipe(tmp_path / "resumed", *RESUME, *ranks, "trainer.max_epochs=4", f"ckpt_path={last}")
-    for proc in (through, half, resumed):
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    _last_checkpoints_equal(tmp_path / "through" / "checkpoints" / "last.ckpt", last)
+    through, resumed = _resumed_as_straight(tmp_path, *RESUME, *ranks)
     assert result_fields(through.stdout)["test"] == result_fields(resumed.stdout)["test"]
 
 
