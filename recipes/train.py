@@ -236,6 +236,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if checkpoint.best_model_path:
         # the path, not "best": with two checkpoint callbacks Lightning warns about which it reads
         result, best = {"val": float(checkpoint.best_model_score)}, checkpoint.best_model_path
+    elif trainer.limit_val_batches == 0:  # validation off (+trainer.limit_val_batches=0): no metric
+        result, best = {"val": float("nan")}, None
     else:  # training ended (max_steps, max_time) before the first validation: score the last weights
         validated = trainer.validate(module, datamodule=datamodule, verbose=False)
         result, best = {"val": float(validated[0]["val/metric"])}, None

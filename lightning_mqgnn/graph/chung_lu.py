@@ -14,12 +14,15 @@ about twice as fast as torch on CPU (``np.unique`` is avoided: it is hash-based 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.graph.edge_buckets import EdgeBuckets
 
 
 def pareto_weights(num_nodes: int, alpha: float, mean_degree: float, generator: torch.Generator) -> Tensor:
@@ -75,18 +78,54 @@ def _pair_stubs_within_groups(
     return node[0::2], node[1::2]
 
 
-def _draw_edge_keys(
+def _paired_stubs(
     weights: Tensor, classes: Tensor, num_classes: int, homophily: float, gen: torch.Generator
-) -> Tensor:
-    """Sorted unique directed keys ``dst * N + src`` (both directions) of one round of stub pairing."""
+) -> tuple[Tensor, Tensor]:
+    """Undirected edges ``(a, b)``, ``a != b``, of one round of stub pairing (duplicates kept)."""
     n = classes.numel()
     intra = torch.poisson(weights * homophily, generator=gen).to(torch.int64)
     inter = torch.poisson(weights * (1.0 - homophily), generator=gen).to(torch.int64)
     groups = torch.cat([classes, torch.full((n,), num_classes)])  # group num_classes: "pair with anyone"
     a, b = _pair_stubs_within_groups(groups, torch.cat([intra, inter]), n, num_classes + 1, gen)
     keep = a != b  # no self loops
-    a, b = a[keep], b[keep]
+    return a[keep], b[keep]
+
+
+def _draw_edge_keys(
+    weights: Tensor, classes: Tensor, num_classes: int, homophily: float, gen: torch.Generator
+) -> Tensor:
+    """Sorted unique directed keys ``dst * N + src`` (both directions) of one round of stub pairing."""
+    n = classes.numel()
+    a, b = _paired_stubs(weights, classes, num_classes, homophily, gen)
     return _sorted_unique(torch.cat([b * n + a, a * n + b]))
+
+
+STUBS_PER_CHUNK = 1 << 27  # 1 GiB of int64 sort keys per round of ``chung_lu_edge_chunks``
+
+
+def chung_lu_edge_chunks(
+    weights: Tensor,
+    classes: Tensor,
+    num_classes: int,
+    homophily: float,
+    generator: torch.Generator,
+    stubs_per_chunk: int | None = None,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """The stub pairing of ``homophilous_chung_lu`` in ``C`` rounds of rates ``weights / C``, so
+    that one round's stubs are about ``stubs_per_chunk`` (default ``STUBS_PER_CHUNK``): the edges of a graph whose edge list
+    does not fit in memory, a round at a time (undirected ``(a, b)``, ``a != b``, duplicates and
+    both directions left to whoever merges them, see ``edge_buckets``).
+
+    Node ``v`` gets Poisson(``w_v``) stubs over all rounds, as in one round, and a pair of
+    stubs meets in a round with probability proportional to ``w_u w_v``, so the expected degrees
+    and the homophily are ``homophilous_chung_lu``'s.
+    """
+    if not 0.0 <= homophily <= 1.0:
+        raise ValueError(f"homophily must be in [0, 1], got {homophily}")
+    rounds = max(1, math.ceil(float(weights.sum()) / (stubs_per_chunk or STUBS_PER_CHUNK)))
+    rate = weights / rounds
+    for _ in range(rounds):
+        yield _paired_stubs(rate, classes, num_classes, homophily, generator)
 
 
 TOP_UP_ROUNDS = 3  # redraws of the degree shortfall that merged duplicate edges leave
@@ -120,3 +159,30 @@ def homophilous_chung_lu(
     indptr = torch.zeros(n + 1, dtype=torch.int64)
     torch.cumsum(torch.bincount(rows, minlength=n), 0, out=indptr[1:])
     return CSRGraph(indptr=indptr, indices=cols, num_nodes=n)
+
+
+def homophilous_chung_lu_on_disk(
+    weights: Tensor,
+    classes: Tensor,
+    num_classes: int,
+    homophily: float,
+    generator: torch.Generator,
+    scratch: Path,
+) -> EdgeBuckets:
+    """``homophilous_chung_lu``'s model drawn in rounds (``chung_lu_edge_chunks``) and merged in
+    ``scratch`` (``EdgeBuckets``), the shortfall of merged duplicates redrawn as there: memory
+    holds one round or one destination range, never the edge list. Returns the merged buckets
+    (``indptr``, ``num_edges``, ``column_chunks``). Not the same graph as ``homophilous_chung_lu``'s
+    for the same generator: the stubs are paired in other groups."""
+    target = float(weights.sum())
+    buckets = EdgeBuckets(scratch, classes.numel(), expected_entries=int(target))
+    rate = weights
+    for _ in range(TOP_UP_ROUNDS + 1):
+        for a, b in chung_lu_edge_chunks(rate, classes, num_classes, homophily, generator):
+            buckets.add_undirected(a, b)
+        buckets.merge()
+        missing = target - buckets.num_edges
+        if missing <= 0.01 * target:
+            break
+        rate = weights * (missing / target)
+    return buckets

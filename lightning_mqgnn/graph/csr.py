@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from lightning_mqgnn.graph.mapped_pages import MappedArray, mapped_source, read_rows
+
+ROW_CHUNK_EDGES = 1 << 24  # 128 MiB of int64 sources per ``row_chunks`` chunk
+
+
+@dataclass(frozen=True)
+class RowChunk:
+    """Rows ``[lo, hi)`` of a ``CSRGraph``: their edges ``[start, end)``, ``indptr`` local to the
+    chunk (``hi - lo + 1`` entries from 0) and ``sources`` (``indices[start:end]``)."""
+
+    lo: int
+    hi: int
+    start: int
+    end: int
+    indptr: Tensor
+    sources: Tensor
+
+    def row_ids(self) -> Tensor:
+        """Destination id of each of the chunk's edges (global ids)."""
+        return torch.repeat_interleave(torch.arange(self.lo, self.hi), self.indptr.diff())
 
 
 @dataclass(frozen=True)
@@ -28,6 +50,14 @@ class CSRGraph:
     def in_degrees(self) -> Tensor:
         return self.indptr[1:] - self.indptr[:-1]
 
+    def __reduce_ex__(self, protocol):
+        """A memory-mapped graph goes to another process (a spawned sampler worker, the GNS cache
+        it holds) as its files, mapped again there, not pickled into shared memory whole."""
+        sources = (mapped_source(self.indptr), mapped_source(self.indices))
+        if sources[0] is None or sources[1] is None:
+            return super().__reduce_ex__(protocol)
+        return _mapped_graph, (*sources, self.num_nodes)
+
     def share_memory_(self) -> CSRGraph:
         """Move the arrays to shared memory so sampler processes read them without a copy."""
         self.indptr.share_memory_()
@@ -39,6 +69,22 @@ class CSRGraph:
         return torch.repeat_interleave(
             torch.arange(self.num_nodes, device=self.indptr.device), self.in_degrees()
         )
+
+    def row_chunks(self, max_edges: int | None = None) -> Iterator[RowChunk]:
+        """Consecutive row ranges of at most ``max_edges`` edges each (default
+        ``ROW_CHUNK_EDGES``; a row with more is a chunk
+        of its own), in order, with their edges: a pass over the edges of a graph whose edge
+        list is on disk or too large for its per-edge temporaries reads and holds one chunk at a
+        time, its ``indices`` read through their file (``read_rows``) where they are memory-mapped."""
+        n, lo, max_edges = self.num_nodes, 0, max_edges or ROW_CHUNK_EDGES
+        while lo < n:
+            start = int(self.indptr[lo])
+            hi = int(torch.searchsorted(self.indptr, start + max_edges, right=True)) - 1
+            hi = min(max(hi, lo + 1), n)
+            end = int(self.indptr[hi])
+            sources = read_rows(self.indices, start, end)
+            yield RowChunk(lo, hi, start, end, self.indptr[lo : hi + 1] - start, sources)
+            lo = hi
 
     def is_symmetric(self) -> bool:
         rows = self.row_ids()
@@ -71,3 +117,7 @@ class CSRGraph:
         indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
         torch.cumsum(counts, 0, out=indptr[1:])
         return cls(indptr=indptr, indices=cols.contiguous(), num_nodes=int(num_nodes))
+
+
+def _mapped_graph(indptr: MappedArray, indices: MappedArray, num_nodes: int) -> CSRGraph:
+    return CSRGraph(indptr=indptr.open(), indices=indices.open(), num_nodes=num_nodes)

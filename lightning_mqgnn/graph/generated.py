@@ -32,14 +32,21 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_mqgnn.graph.chung_lu import homophilous_chung_lu, pareto_weights
+from lightning_mqgnn.graph.chung_lu import (
+    homophilous_chung_lu,
+    homophilous_chung_lu_on_disk,
+    pareto_weights,
+)
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.splits import random_split
@@ -71,16 +78,22 @@ PRESETS: dict[str, GraphPreset] = {
 }
 
 
+TOPOLOGIES = ("pairing", "chunked")
+
+
 @dataclass(frozen=True)
 class _Skeleton:
     """What a generated dataset has before its features: the shape, the nodes' classes, the
-    topology, and the random stream the features, labels and split are drawn from next."""
+    topology (``indptr`` and its column array in chunks), and the random stream the features,
+    labels and split are drawn from next."""
 
     preset: GraphPreset
     name: str
     groups: int
     classes: Tensor
-    graph: CSRGraph
+    indptr: Tensor
+    columns: Iterable[np.ndarray]
+    num_edges: int
     gen: torch.Generator
 
 
@@ -98,6 +111,7 @@ def generate_graph(
     power_law_alpha: float = 1.5,
     class_skew: float = 0.5,
     max_density: float = 0.05,
+    topology: str = "pairing",
 ) -> GraphDataset:
     """Generate a dataset shaped like ``preset`` (see the module table); deterministic per ``seed``.
 
@@ -110,13 +124,22 @@ def generate_graph(
     reaches ~0.40 test accuracy, a 2-layer SAGE with fan-out 5,5 ~0.87. ``power_law_alpha``:
     Pareto tail of the degree weights (degree exponent alpha + 1). ``class_skew``: class sizes
     follow rank^-skew. ``max_density``: the mean degree is capped at ``max_density * (N - 1)``.
+    ``topology``: ``"pairing"`` pairs every stub at once in memory and redraws the shortfall of
+    merged duplicates (``homophilous_chung_lu``); ``"chunked"`` pairs them in rounds of
+    ``STUBS_PER_CHUNK`` merged on disk (``chung_lu_edge_chunks``, ``EdgeBuckets``), so memory
+    holds a round, not the edge list (``homophilous_chung_lu_on_disk``). The two are different
+    graphs of the same shape.
     """
-    k = _skeleton(**_arguments(locals()))
+    arguments = _arguments(locals())
+    with tempfile.TemporaryDirectory(prefix="mqgnn-edges-") as scratch:
+        k = _skeleton(**arguments, scratch=Path(scratch))
+        columns = [torch.from_numpy(c) for c in k.columns]
+    graph = CSRGraph(k.indptr, columns[0] if len(columns) == 1 else torch.cat(columns), k.preset.num_nodes)
     p = k.preset
     chunks = list(class_feature_chunks(k.classes, k.groups, p.num_features, feature_snr, k.gen))
     features = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
     labels, (train, val, test) = _labels_and_split(k)
-    ds = GraphDataset(k.name, k.graph, features, labels, train, val, test, p.num_classes, p.metric)
+    ds = GraphDataset(k.name, graph, features, labels, train, val, test, p.num_classes, p.metric)
     return validate_dataset(ds)
 
 
@@ -136,19 +159,23 @@ def write_generated_graph(
     power_law_alpha: float = 1.5,
     class_skew: float = 0.5,
     max_density: float = 0.05,
+    topology: str = "pairing",
 ) -> Path:
     """``generate_graph``'s dataset, the same bit for bit, written straight to ``folder`` in the
     on-disk layout (``graph.ondisk``) with its features drawn and written a chunk at a time: the
     feature matrix is never in memory, so a graph whose features exceed the memory can be made on
-    the machine that trains it. The topology is built in memory, as ``generate_graph`` builds it."""
+    the machine that trains it. With ``topology="chunked"`` the edge list is never in memory
+    either: its rounds are merged in a scratch folder inside the dataset's hidden folder."""
     arguments = _arguments(locals())
     from lightning_mqgnn.graph.ondisk import DatasetWriter
 
     with DatasetWriter(folder, overwrite=overwrite) as writer:
-        k = _skeleton(**arguments)
+        scratch = writer.partial / "edges"
+        k = _skeleton(**arguments, scratch=scratch)
         p = k.preset
-        writer.tensor("indptr", k.graph.indptr)
-        writer.tensor("indices", k.graph.indices)
+        writer.tensor("indptr", k.indptr)
+        writer.array("indices", k.columns, "int64", (k.num_edges,))
+        shutil.rmtree(scratch, ignore_errors=True)
         chunks = class_feature_chunks(k.classes, k.groups, p.num_features, feature_snr, k.gen)
         writer.array("features", (c.numpy() for c in chunks), "float32", (p.num_nodes, p.num_features))
         labels, splits = _labels_and_split(k)
@@ -176,9 +203,13 @@ def _skeleton(
     power_law_alpha: float,
     class_skew: float,
     max_density: float,
+    topology: str,
+    scratch: Path,
 ) -> _Skeleton:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"unknown topology {topology!r}; expected one of {TOPOLOGIES}")
     p = PRESETS[preset]
     explicit_nodes = num_nodes is not None
     if num_nodes is None:
@@ -199,11 +230,17 @@ def _skeleton(
     groups = p.num_communities if p.multilabel else p.num_classes
     classes = _class_assignment(p.num_nodes, groups, class_skew, gen)
     weights = pareto_weights(p.num_nodes, power_law_alpha, degree, gen)
-    graph = homophilous_chung_lu(weights, classes, groups, homophily, gen)
+    if topology == "pairing":
+        graph = homophilous_chung_lu(weights, classes, groups, homophily, gen)
+        indptr, columns, num_edges = graph.indptr, [graph.indices.numpy()], graph.num_edges
+    else:
+        buckets = homophilous_chung_lu_on_disk(weights, classes, groups, homophily, gen, scratch)
+        indptr, columns, num_edges = buckets.indptr, buckets.column_chunks(), buckets.num_edges
     name = f"generated-{preset}" + (
         f"-n{num_nodes}" if explicit_nodes else "" if scale == 1.0 else f"-x{scale:g}"
     )
-    return _Skeleton(p, name, groups, classes, graph, gen)
+    name += "-chunked" if topology == "chunked" else ""
+    return _Skeleton(p, name, groups, classes, indptr, columns, num_edges, gen)
 
 
 def _labels_and_split(k: _Skeleton) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:

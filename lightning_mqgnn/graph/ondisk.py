@@ -1,9 +1,11 @@
 """Datasets on disk: a folder of ``.npy`` arrays and a manifest, memory-mapped when opened.
 
 A dataset whose features do not fit in memory is read where it lies: ``open_dataset`` maps each
-array (``numpy.load(mmap_mode="c")``), so a batch reads only its own rows from the page cache and
-the kernel keeps what is hot; sampler workers and the ranks of one machine map the same files and
-share those pages. Nothing is read at open beyond the manifest and the ``.npy`` headers.
+array (copy-on-write, ``mapped_pages.map_array``), so a batch reads only its own rows from the
+page cache and the kernel keeps what is hot; sampler workers and the ranks of one machine map the
+same files and share those pages. Nothing is read at open beyond the manifest and the ``.npy``
+headers. ``resident_gb`` bounds the mapped pages each process holds (``bound_resident_pages``),
+so the RSS of a run over a graph larger than the memory stays under it.
 
 Layout (format ``lightning_mqgnn-ondisk``, version 1), every array a standard ``.npy`` file
 (C order) that numpy opens without this package:
@@ -38,6 +40,7 @@ from typing_extensions import override
 from lightning_mqgnn.durable import fsync_folder
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
+from lightning_mqgnn.graph.mapped_pages import bound_resident_pages, map_array
 from lightning_mqgnn.graph.npy import read_npy_header
 
 __all__ = [
@@ -70,6 +73,7 @@ class MappedDataset(GraphDataset):
     """
 
     folder: Path | None = None
+    resident_gb: float | None = None
 
     @override
     def __post_init__(self) -> None:
@@ -81,7 +85,7 @@ class MappedDataset(GraphDataset):
 
     @override
     def __reduce_ex__(self, protocol):
-        return open_dataset, (self.folder,)
+        return open_dataset, (self.folder, self.resident_gb)
 
 
 class OnDiskError(RuntimeError):
@@ -294,8 +298,12 @@ def write_dataset(dataset: GraphDataset, folder: str | os.PathLike, *, overwrite
         return writer.finish(name=dataset.name, num_classes=dataset.num_classes, metric=dataset.metric)
 
 
-def open_dataset(path: str | os.PathLike) -> MappedDataset:
+def open_dataset(path: str | os.PathLike, resident_gb: float | None = None) -> MappedDataset:
     """The dataset in ``path`` (written by ``write_dataset``) with its arrays memory-mapped.
+
+    ``resident_gb``: the file-backed resident memory each process that maps the dataset keeps
+    (``bound_resident_pages``; None: as the kernel leaves it, which under a graph larger than
+    the memory is most of the memory).
 
     Checks, before mapping anything: the manifest (format, version, fields, shapes that agree),
     each file's ``.npy`` header against the manifest and its size against the header (a truncated
@@ -304,6 +312,8 @@ def open_dataset(path: str | os.PathLike) -> MappedDataset:
     was loaded for writing; they are not scanned again here.
     """
     folder = Path(path).expanduser()
+    if resident_gb is not None and not resident_gb > 0:
+        raise ValueError(f"resident_gb must be positive or null, got {resident_gb}")
     manifest = Manifest.read(folder)
     arrays = {name: _map_array(folder / f"{name}.npy", manifest.arrays[name]) for name in ARRAYS}
     indptr = arrays["indptr"]
@@ -313,7 +323,7 @@ def open_dataset(path: str | os.PathLike) -> MappedDataset:
             f"expected 0 to {manifest.num_edges} (the edges of indices.npy)"
         )
     graph = CSRGraph(indptr=indptr, indices=arrays["indices"], num_nodes=manifest.num_nodes)
-    return MappedDataset(
+    dataset = MappedDataset(
         name=manifest.name,
         graph=graph,
         features=arrays["features"],
@@ -324,7 +334,11 @@ def open_dataset(path: str | os.PathLike) -> MappedDataset:
         num_classes=manifest.num_classes,
         metric=manifest.metric,
         folder=folder.resolve(),
+        resident_gb=resident_gb,
     )
+    if resident_gb is not None:
+        bound_resident_pages(int(resident_gb * 2**30))
+    return dataset
 
 
 def _map_array(path: Path, expected: ArrayFile) -> Tensor:
@@ -346,9 +360,8 @@ def _map_array(path: Path, expected: ArrayFile) -> Tensor:
         raise OnDiskError(f"{path}: {size:,} bytes, expected {whole:,} ({what})")
     if expected.nbytes == 0:  # an empty mapping is not allowed
         return torch.empty(expected.shape, dtype=getattr(torch, expected.dtype))
-    # private (copy-on-write) pages: torch gets a writable array, the file is never written. The
-    # kernel's readahead stays on: with MADV_RANDOM a cold epoch ran 5x slower (BENCHMARKS.md)
-    return torch.from_numpy(np.load(path, mmap_mode="c"))
+    # the kernel's readahead stays on: with MADV_RANDOM a cold epoch ran 5x slower (BENCHMARKS.md)
+    return map_array(path, offset, dtype, expected.shape)
 
 
 def _write_durably(path: Path, data: bytes) -> None:

@@ -36,6 +36,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from lightning_mqgnn.graph.mapped_pages import MappedArray, mapped_source, opened
 from lightning_mqgnn.pipeline.child_signals import ignore_parent_signals
 from lightning_mqgnn.pipeline.gather import batch_gathers
 from lightning_mqgnn.pipeline.packing import PackedBatch, SlotArena, pack_batch, packed_nbytes, unpack_batch
@@ -127,8 +128,8 @@ def _parent_gone(ppid: int) -> bool:
 def _worker_main(
     worker_id: int,
     sampler: Sampler,
-    features: Tensor,
-    labels: Tensor,
+    features: Tensor | MappedArray,
+    labels: Tensor | MappedArray,
     cache_slot: Tensor | None,
     input_aggregation: str | None,
     tasks: mp.Queue,
@@ -143,6 +144,7 @@ def _worker_main(
     ignore_parent_signals()  # the parent handles them and stops us
     ppid = os.getppid()
     torch.set_num_threads(num_threads)
+    features, labels = opened(features), opened(labels)
     # Every lent slot stays referenced here: torch then finds its mapping in the shared-storage
     # cache when the slot comes back with a later task, instead of mapping (and page-faulting)
     # it again, which would cost more than the gather itself.
@@ -288,16 +290,19 @@ class SamplerWorkerPool:
         self._in_flight_per = [0] * self.num_workers
         self._slots_sent = [{} for _ in range(self.num_workers)]
         for t in (self.features, self.labels, self.cache_slot):
-            if t is not None and not t.is_shared():
+            if t is not None and not t.is_shared() and mapped_source(t) is None:
                 t.share_memory_()  # in place: a refresh of the cache slots stays visible to workers
+        # a memory-mapped array goes as its file, mapped again there: the page cache is shared
+        features = mapped_source(self.features) or self.features
+        labels = mapped_source(self.labels) or self.labels
         for i in range(self.num_workers):
             p = ctx.Process(
                 target=_worker_main,
                 args=(
                     i,
                     self.sampler,
-                    self.features,
-                    self.labels,
+                    features,
+                    labels,
                     self.cache_slot,
                     self.input_aggregation,
                     self._tasks[i],

@@ -91,14 +91,17 @@ def random_walk_distribution(graph: CSRGraph, train_idx: Tensor, fanouts: Sequen
     ``A (p / deg) + p`` up to the fan-out factor.
     """
     n = graph.num_nodes
-    deg = graph.in_degrees().to(torch.float64)
-    rows = graph.row_ids()
+    deg = graph.in_degrees()
+    deg_f = deg.to(torch.float64)
     mass = torch.zeros(n, dtype=torch.float64)
     mass[train_idx] = 1.0 / train_idx.numel()
     for k in reversed(list(fanouts)):
-        take = deg if k < 0 else deg.clamp(max=k)
-        d = torch.where(deg > 0, take / deg.clamp(min=1.0), torch.zeros_like(deg))
-        step = torch.zeros(n, dtype=torch.float64).index_add_(0, graph.indices, (d * mass)[rows])
+        take = deg_f if k < 0 else deg_f.clamp(max=k)
+        sent = torch.where(deg_f > 0, take / deg_f.clamp(min=1.0), torch.zeros_like(deg_f)) * mass
+        step = torch.zeros(n, dtype=torch.float64)
+        for chunk in graph.row_chunks():  # per-edge values a chunk at a time: E may not fit
+            per_edge = torch.repeat_interleave(sent[chunk.lo : chunk.hi], deg[chunk.lo : chunk.hi])
+            step.index_add_(0, chunk.sources, per_edge)
         mass = mass + step
     return mass / mass.sum()
 
@@ -195,7 +198,9 @@ class GNSCache:
         self.inclusion = torch.zeros(n, dtype=torch.float64).share_memory_()
         self.num_cached = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.version = torch.full((1,), -1, dtype=torch.int64).share_memory_()
-        as_source = torch.bincount(self.graph.indices, minlength=n)  # edges each node is the source of
+        as_source = torch.zeros(n, dtype=torch.int64)  # edges each node is the source of
+        for chunk in self.graph.row_chunks():
+            as_source += torch.bincount(chunk.sources, minlength=n)
         bound = int(torch.topk(as_source, min(self.capacity, n)).values.sum())
         self.edge_indptr = torch.zeros(n + 1, dtype=torch.int64).share_memory_()
         self.edge_pos = torch.zeros(bound, dtype=torch.int64).share_memory_()
@@ -226,10 +231,17 @@ class GNSCache:
         return True
 
     def _index_cached_edges(self) -> None:
-        """Rebuild ``edge_indptr``/``edge_pos`` from ``slot``: one pass over the edges, reading a
-        boolean mask (1 byte a node: stays in cache) rather than the int64 slots (8 bytes a node)."""
+        """Rebuild ``edge_indptr``/``edge_pos`` from ``slot``: one pass over the edges, a chunk of
+        rows at a time (``row_chunks``), reading a boolean mask (1 byte a node: stays in cache)
+        rather than the int64 slots (8 bytes a node)."""
         g = self.graph
-        pos = (self.slot >= 0).index_select(0, g.indices).nonzero().squeeze(1)
-        rows = torch.searchsorted(g.indptr, pos, right=True) - 1
-        torch.cumsum(torch.bincount(rows, minlength=g.num_nodes), 0, out=self.edge_indptr[1:])
-        self.edge_pos[: pos.numel()] = pos
+        cached = self.slot >= 0
+        counts = torch.zeros(g.num_nodes, dtype=torch.int64)
+        filled = 0
+        for chunk in g.row_chunks():
+            hit = cached.index_select(0, chunk.sources).nonzero().squeeze(1)
+            local_rows = torch.searchsorted(chunk.indptr, hit, right=True) - 1
+            counts[chunk.lo : chunk.hi] = torch.bincount(local_rows, minlength=chunk.hi - chunk.lo)
+            self.edge_pos[filled : filled + hit.numel()] = hit + chunk.start
+            filled += hit.numel()
+        torch.cumsum(counts, 0, out=self.edge_indptr[1:])

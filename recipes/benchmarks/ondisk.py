@@ -3,6 +3,14 @@ warm and from a cold page cache.
 
     python recipes/bench.py ondisk --data products_like_1m --folder /tmp/mqgnn-ondisk/products_like_1m
 
+A graph larger than the memory, converted once (``--existing`` skips the conversion; no
+in-memory run, which could not hold it), trained from a cold page cache with the mapped pages
+bounded and no validation:
+
+    python recipes/bench.py ondisk --data papers100m_like --folder /data/papers_x056 --existing \
+        --no-memory --caches cold --loaders pipeline \
+        --overrides "data.resident_gb=2 +trainer.limit_val_batches=0" --models sage,sage_gns
+
 1. **Convert**: ``recipes/convert.py data=<--data> out=<--folder>`` (a generated graph is written
    as it is drawn): its one line (MB, seconds, MB/s, peak RSS).
 2. **Train**, one fresh process per run, one at a time (a timing: run it on a quiet machine), for
@@ -13,7 +21,9 @@ warm and from a cold page cache.
    second (training time only), the batch time, the training process's peak RSS (``VmHWM``),
    the MB the machine read from its disks during the run (``/sys/block/*/stat``: sampler workers
    and the validation pass, which reads every feature row, included) and the metrics, which
-   must agree between memory and disk (the same batches).
+   must agree between memory and disk (the same batches). Memory: the training process's peak
+   RSS, and the peak of the PSS of it and its sampler workers summed (``tree_pss_mb``), which
+   counts once the pages they share.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from pathlib import Path
 
 from benchmarks._recipe import fixed_epochs_overrides, result_fields
 from benchmarks._report import machine_header, write_report
-from benchmarks.tta import run_process
+from benchmarks.tta import high_water_mb, run_process, tree_pss_mb
 
 RECIPES = Path(__file__).resolve().parents[1]
 SECTOR = 512  # the block layer's stat files count 512-byte sectors whatever the device's block size
@@ -63,7 +73,7 @@ def convert(data: str, folder: Path) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def fit(data_overrides: list[str], loader: str, epochs: int) -> dict:
+def fit(data_overrides: list[str], loader: str, epochs: int, extra: list[str] = ()) -> dict:
     with tempfile.TemporaryDirectory(prefix="mqgnn-ondisk-") as run_dir:
         cmd = [
             sys.executable,
@@ -73,10 +83,17 @@ def fit(data_overrides: list[str], loader: str, epochs: int) -> dict:
             *fixed_epochs_overrides(epochs),
             "test=false",
             f"hydra.run.dir={run_dir}",
+            *extra,
         ]
         before = disk_read_bytes()
         start = time.perf_counter()
-        rc, stdout, stderr, rss = run_process(cmd, 3600)
+        main_peak = [0.0]
+
+        def footprint(pid: int) -> float:  # the whole run's PSS; the training process's own peak beside it
+            main_peak[0] = max(main_peak[0], high_water_mb(pid))
+            return tree_pss_mb(pid)
+
+        rc, stdout, stderr, pss = run_process(cmd, 3 * 3600, peak=footprint)
         wall = time.perf_counter() - start
         read = disk_read_bytes() - before
     fields = result_fields(stdout)
@@ -87,10 +104,15 @@ def fit(data_overrides: list[str], loader: str, epochs: int) -> dict:
         batches=batches,
         batches_per_s=batches / float(fields["train_time_s"]),
         batch_ms=float(fields["batch_time_ms"]),
-        peak_rss_mb=rss,
+        peak_rss_mb=main_peak[0],
+        peak_pss_mb=pss,
         read_mb=read / 1e6,
         wall_s=wall,
         val=fields["val"],
+        epoch_s=float(fields["train_time_s"]) / epochs,
+        rows=float(fields["feature_rows_per_batch"]),
+        row_mb=float(fields["feature_mb_per_batch"]),
+        cache_hit_rate=fields.get("cache_hit_rate", "-"),
     )
 
 
@@ -100,33 +122,48 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--folder", type=Path, help="where the converted dataset goes (default: a temporary folder)"
     )
+    parser.add_argument("--existing", action="store_true", help="--folder holds it already: no conversion")
+    parser.add_argument("--no-memory", action="store_true", help="no in-memory run (it would not fit)")
+    parser.add_argument("--caches", default="warm,cold", help="page cache states of the on-disk runs")
     parser.add_argument("--loaders", default="sequential,pipeline")
+    parser.add_argument("--models", default="sage")
+    parser.add_argument("--overrides", default="", help="more recipe overrides of the on-disk runs")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.existing and args.folder is None:
+        parser.error("--existing needs --folder")
+    extra = args.overrides.split()
     with tempfile.TemporaryDirectory(prefix="mqgnn-ondisk-data-") as scratch:
         folder = args.folder or Path(scratch) / args.data
-        converted = convert(args.data, folder)
+        converted = f"{folder}, converted before" if args.existing else convert(args.data, folder)
         print(converted, flush=True)
         rows = [
-            "| loader | data | page cache | batches / s | vs in memory | batch ms | peak RSS MB | MB read from disk | val |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| model | loader | data | page cache | epoch s | batches / s | vs in memory | batch ms "
+            "| peak RSS MB | peak PSS MB, all processes | MB read from disk | MB read per batch "
+            "| feature rows (MB) per batch | GNS cache hit rate | val |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for loader in args.loaders.split(","):
-            memory = fit([f"data={args.data}"], loader, args.epochs)
-            runs = [("in memory", "-", memory)]
-            for cache in ("warm", "cold"):
-                set_page_cache(folder, warm=cache == "warm")
-                runs.append(
-                    ("on disk", cache, fit(["data=ondisk", f"data.path={folder}"], loader, args.epochs))
-                )
-            for where, cache, r in runs:
-                rows.append(
-                    f"| {loader} | {where} | {cache} | {r['batches_per_s']:.1f} | "
-                    f"{r['batches_per_s'] / memory['batches_per_s']:.2f}x | {r['batch_ms']:.1f} | "
-                    f"{r['peak_rss_mb']:,.0f} | {r['read_mb']:,.0f} | {r['val']} |"
-                )
-                print(rows[-1], flush=True)
+        for model in args.models.split(","):
+            for loader in args.loaders.split(","):
+                runs, memory = [], None
+                if not args.no_memory:
+                    memory = fit([f"data={args.data}", f"model={model}"], loader, args.epochs)
+                    runs.append(("in memory", "-", memory))
+                for cache in args.caches.split(","):
+                    set_page_cache(folder, warm=cache == "warm")
+                    on_disk = ["data=ondisk", f"data.path={folder}", f"model={model}"]
+                    runs.append(("on disk", cache, fit(on_disk, loader, args.epochs, extra)))
+                for where, cache, r in runs:
+                    ratio = f"{r['batches_per_s'] / memory['batches_per_s']:.2f}x" if memory else "-"
+                    rows.append(
+                        f"| {model} | {loader} | {where} | {cache} | {r['epoch_s']:.1f} | "
+                        f"{r['batches_per_s']:.2f} | {ratio} | {r['batch_ms']:.1f} | "
+                        f"{r['peak_rss_mb']:,.0f} | {r['peak_pss_mb']:,.0f} | {r['read_mb']:,.0f} | "
+                        f"{r['read_mb'] / r['batches']:.2f} | "
+                        f"{r['rows']:,.0f} ({r['row_mb']:.2f}) | {r['cache_hit_rate']} | {r['val']} |"
+                    )
+                    print(rows[-1], flush=True)
     write_report(
         f"On disk against in memory ({args.data})",
         [*machine_header("ondisk", argv), f"- convert: {converted}"],

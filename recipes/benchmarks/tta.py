@@ -33,6 +33,7 @@ each system).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -47,6 +48,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import psutil
+
 from benchmarks._recipe import result_fields
 from benchmarks._report import machine_header, write_report
 
@@ -57,17 +60,21 @@ CANDIDATES = {"defaults": ""}  # "best" comes from --best
 quiet_env = {**os.environ, "DGLBACKEND": "pytorch", "OUTDATED_IGNORE": "1"}
 
 
-def run_process(cmd: list[str], timeout: float) -> tuple[int, str, str, float]:
-    """Run ``cmd``; ``(exit status, stdout, stderr, peak RSS in MB)``. The peak is the process's own
-    ``VmHWM`` since its exec (not its children's), read every 0.1 s while it runs: ``ru_maxrss``
-    would also count the launching process's pages, which a vfork-ed child holds until it execs.
-    Killed after ``timeout`` seconds."""
+def run_process(
+    cmd: list[str], timeout: float, peak: Callable[[int], float] | None = None
+) -> tuple[int, str, str, float]:
+    """Run ``cmd``; ``(exit status, stdout, stderr, peak RSS in MB)``. The peak is ``peak(pid)``'s
+    largest reading, every 0.1 s while it runs; by default the process's own ``VmHWM`` since its
+    exec (not its children's, see ``tree_high_water_mb``): ``ru_maxrss`` would also count the
+    launching process's pages, which a vfork-ed child holds until it execs. Killed after
+    ``timeout`` seconds."""
+    peak = peak or high_water_mb
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=quiet_env)
         deadline = time.monotonic() + timeout
         peak_mb = 0.0
         while proc.poll() is None:
-            peak_mb = max(peak_mb, high_water_mb(proc.pid))
+            peak_mb = max(peak_mb, peak(proc.pid))
             if time.monotonic() > deadline:
                 proc.kill()
                 proc.wait()
@@ -86,6 +93,24 @@ def high_water_mb(pid: int) -> float:
         return 0.0
     match = re.search(r"^VmHWM:\s+(\d+)\s+kB", status, re.MULTILINE)
     return int(match.group(1)) / 1024 if match else 0.0
+
+
+def tree_pss_mb(pid: int) -> float:
+    """The proportional set size (``Pss`` of ``/proc/<pid>/smaps_rollup``) of a running process
+    and its descendants (sampler workers), summed, in MB: the memory they occupy together. Their
+    RSS would count each page they share (forked copy-on-write pages, shared memory, the page
+    cache's mapped pages) once per process that maps it."""
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total_kb = 0
+    for proc in procs:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{proc.pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total_kb += int(line.split()[1])
+    return total_kb / 1024
 
 
 def failure(stderr: str) -> str:

@@ -64,6 +64,21 @@ def test_run_process_reports_the_childs_own_peak_rss_and_kills_it_at_the_timeout
     assert rc != 0 and time.perf_counter() - t0 < 10
 
 
+_SHARED_AFTER_FORK = """
+import os, time
+b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096])
+if os.fork() == 0:  # a worker: the 300 MiB are its parent's pages, shared until written
+    time.sleep(3); os._exit(0)
+print('ok', flush=True); time.sleep(3); os.wait()
+"""
+
+
+def test_the_pss_of_a_process_and_its_workers_counts_their_shared_pages_once(tta):
+    rc, out, _, pss = tta.run_process([sys.executable, "-c", _SHARED_AFTER_FORK], 60, peak=tta.tree_pss_mb)
+    assert (rc, out.strip()) == (0, "ok")
+    assert 300 < pss < 450, pss  # the RSS of the two would sum to 600 MiB and more
+
+
 def test_fit_epochs_records_the_clock_at_every_validation_and_stops_at_the_budget(baseline):
     scores = iter([(0.5, 0.4), (0.7, 0.6), (0.6, 0.5), (0.9, 0.8)])
     curve = baseline.fit_epochs(lambda: time.sleep(0.02), lambda: (time.sleep(0.01), next(scores))[1], 4)

@@ -35,7 +35,16 @@ def test_rule_follows_the_training_fraction():
     assert GNSCache(graph, torch.arange(10)).rule == "random_walk"
 
 
-def test_random_walk_distribution_matches_dense_recursion():
+@pytest.fixture(params=[None, 7], ids=["one_chunk", "chunks_of_7_edges"])
+def row_chunk_edges(request, monkeypatch):
+    """The per-edge passes over the whole graph in one chunk, and in chunks of a few edges."""
+    from lightning_mqgnn.graph import csr
+
+    if request.param is not None:
+        monkeypatch.setattr(csr, "ROW_CHUNK_EDGES", request.param)
+
+
+def test_random_walk_distribution_matches_dense_recursion(row_chunk_edges):
     graph = random_graph(40, 60, 1)
     train = torch.tensor([0, 5, 9])
     fanouts = [2, 3]
@@ -341,7 +350,7 @@ def test_sampler_pickles_with_shared_cache_and_validates_arguments():
         GNSSampler(random_graph(100, 300, 12), [3, 3], cache)
 
 
-def test_cached_edge_index_lists_exactly_the_in_edges_from_cached_nodes():
+def test_cached_edge_index_lists_exactly_the_in_edges_from_cached_nodes(row_chunk_edges):
     # after each redraw, every node's indexed edges are its in-edges whose source is cached, in
     # CSR order: what scanning all in-edges against the slot table gives
     from lightning_mqgnn.sampling.gns import cached_edges

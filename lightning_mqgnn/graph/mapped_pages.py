@@ -1,0 +1,202 @@
+"""Memory-mapped dataset arrays: mapped for files larger than the memory, their resident pages
+bounded per process.
+
+The pages a process touches in a file mapping count in its RSS (``RssFile``) until the kernel
+reclaims them, which it does only under memory pressure: training on a graph larger than the
+memory would show an RSS near the physical memory, and a scheduler that limits jobs by RSS (Slurm,
+a container) would stop it, though those pages are the page cache's, shared and clean. With a
+bound, a daemon thread reads this process's ``RssFile`` every ``CHECK_INTERVAL_S`` and, above the
+bound, drops every registered mapping's pages from this process (``madvise(MADV_DONTNEED)``): the
+page cache keeps them, so the next touch is a minor fault, not a read from the disk.
+
+The mappings are private (copy-on-write) and reserve no memory (``MAP_NORESERVE``, without which
+Linux refuses to map a file larger than the memory): torch gets writable tensors and the file is
+never written, but a write to a mapped tensor is lost when its page is dropped, and may fail
+when memory is short, so treat them as read-only. A forked child (a sampler worker) starts its
+own thread for the mappings it inherits; a spawned one maps the file again (``MappedArray``).
+
+A file larger than ``RANDOM_ACCESS_SHARE`` of the memory is advised ``MADV_RANDOM``: batches read
+it at random, and the kernel's read-around would read pages that are evicted before any batch
+touches them. A pass over a whole array reads it through the file instead (``read_rows``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import mmap
+import os
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+from torch import Tensor
+
+__all__ = [
+    "MappedArray",
+    "bound_resident_pages",
+    "map_array",
+    "mapped_source",
+    "opened",
+    "release_mapped_pages",
+    "resident_file_bytes",
+    "read_rows",
+]
+
+CHECK_INTERVAL_S = 0.05
+RANDOM_ACCESS_SHARE = 0.5  # files above this share of the physical memory are read without readahead
+_LINUX_MAP_NORESERVE = 0x4000  # <sys/mman.h>; Python's mmap module names it from 3.13 on
+
+_maps: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
+_lock = threading.Lock()
+_limit_bytes: int | None = None
+_thread: threading.Thread | None = None
+
+
+@dataclass(frozen=True)
+class MappedArray:
+    """Where a mapped tensor's values lie: what a process needs to map them itself. Sent to a
+    sampler worker in place of the tensor, which ``share_memory_`` or pickling would copy whole
+    into shared memory; ``opened`` maps it there, under the sender's bound."""
+
+    path: Path
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+    resident_bytes: int | None = None
+
+    def open(self) -> Tensor:
+        if self.resident_bytes is not None:
+            bound_resident_pages(self.resident_bytes)
+        return map_array(self.path, self.offset, np.dtype(self.dtype), self.shape)
+
+
+_sources: dict[int, MappedArray] = {}  # a mapped tensor's first byte -> where it lies
+
+
+def read_rows(t: Tensor, start: int, end: int) -> Tensor:
+    """Rows ``[start, end)`` of ``t``. For a tensor ``map_array`` mapped, read through its file
+    into memory: ``read`` calls get the kernel's sequential readahead, which a mapping advised
+    ``MADV_RANDOM`` does not (a pass over one would read a page per fault), and ``MADV_WILLNEED``
+    reads no more than the readahead window. Else a view of ``t``."""
+    source = _sources.get(t.data_ptr())
+    if source is None or tuple(t.shape) != source.shape:
+        return t[start:end]
+    dtype = np.dtype(source.dtype)
+    row = math.prod(source.shape[1:])
+    array = np.fromfile(
+        source.path,
+        dtype=dtype,
+        count=(end - start) * row,
+        offset=source.offset + start * row * dtype.itemsize,
+    )
+    return torch.from_numpy(array.reshape((end - start, *source.shape[1:])))
+
+
+def mapped_source(t: Tensor | None) -> MappedArray | None:
+    """Where ``t`` lies if ``map_array`` mapped it (a view of the whole array), else None."""
+    if t is None:
+        return None
+    source = _sources.get(t.data_ptr())
+    if source is None or tuple(t.shape) != source.shape:
+        return None
+    return replace(source, resident_bytes=_limit_bytes)
+
+
+def opened(t: Tensor | MappedArray | None) -> Tensor | None:
+    """``t`` itself, or the tensor a ``MappedArray`` describes, mapped in this process."""
+    return t.open() if isinstance(t, MappedArray) else t
+
+
+def map_array(path: Path, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Tensor:
+    """The array of ``dtype`` and ``shape`` at byte ``offset`` of ``path``, mapped copy-on-write
+    and registered for ``release_mapped_pages``."""
+    with open(path, "rb") as f:
+        if sys.platform.startswith("linux"):
+            # MAP_NORESERVE: a private writable mapping is otherwise charged its whole size against
+            # the commit limit, which refuses (ENOMEM) a file larger than the memory
+            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_NORESERVE", _LINUX_MAP_NORESERVE)
+            prot = mmap.PROT_READ | mmap.PROT_WRITE
+            mapping = mmap.mmap(f.fileno(), 0, flags=flags, prot=prot)
+        else:
+            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    if mapping.size() > RANDOM_ACCESS_SHARE * psutil.virtual_memory().total:
+        # a file the page cache cannot hold is read at random: the kernel's readahead would read
+        # around every fault pages that are evicted before a batch touches them
+        mapping.madvise(mmap.MADV_RANDOM)
+    with _lock:
+        _maps.add(mapping)
+    count = int(np.prod(shape, dtype=np.int64))
+    array = np.frombuffer(mapping, dtype=dtype, count=count, offset=offset).reshape(shape)
+    tensor = torch.from_numpy(array)
+    address = tensor.data_ptr()
+    _sources[address] = MappedArray(Path(path), offset, np.dtype(dtype).name, tuple(shape))
+    weakref.finalize(mapping, _sources.pop, address, None)
+    return tensor
+
+
+def release_mapped_pages() -> None:
+    """Drop every registered mapping's pages from this process (the page cache keeps them)."""
+    with _lock:
+        maps = list(_maps)
+    for mapping in maps:
+        with contextlib.suppress(ValueError, OSError):  # closed meanwhile
+            mapping.madvise(mmap.MADV_DONTNEED)
+
+
+def resident_file_bytes() -> int:
+    """This process's file-backed resident memory (``RssFile`` of ``/proc/self/status``)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssFile:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def bound_resident_pages(limit_bytes: int | None) -> None:
+    """Keep this process's ``RssFile`` near ``limit_bytes`` (None: no bound) from now on.
+
+    The bound is the process's ``RssFile``, which counts the pages of its libraries too (torch's:
+    about 110 MiB): the last call sets it for every registered mapping. The check is
+    a read of ``/proc/self/status`` every ``CHECK_INTERVAL_S``, so the RSS may pass the bound by what
+    the process touches in ``CHECK_INTERVAL_S``.
+    """
+    global _limit_bytes
+    if limit_bytes is not None and limit_bytes <= 0:
+        raise ValueError(f"resident page bound must be positive, got {limit_bytes} bytes")
+    _limit_bytes = limit_bytes
+    if limit_bytes is not None:
+        _start_thread()
+
+
+def _start_thread() -> None:
+    global _thread
+    if _thread is not None and _thread.is_alive():
+        return
+    _thread = threading.Thread(target=_watch, name="mqgnn-mapped-pages", daemon=True)
+    _thread.start()
+
+
+def _watch() -> None:
+    while True:
+        time.sleep(CHECK_INTERVAL_S)
+        limit = _limit_bytes
+        if limit is not None and resident_file_bytes() > limit:
+            release_mapped_pages()
+
+
+def _after_fork_in_child() -> None:
+    global _thread, _lock
+    _lock = threading.Lock()
+    _thread = None
+    if _limit_bytes is not None:
+        _start_thread()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

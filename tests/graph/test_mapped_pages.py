@@ -1,0 +1,131 @@
+"""Mapped arrays whose resident pages stay under a bound: touched pages leave the process's RSS
+when it passes the bound (the page cache keeps them), in forked children too, and the arrays read
+the same after their pages are dropped."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.paths import REPO
+
+from lightning_mqgnn.graph import generate_graph
+from lightning_mqgnn.graph.ondisk import open_dataset, write_dataset
+
+_BOUNDED = """
+import os, sys, time
+import torch
+from lightning_mqgnn.graph import mapped_pages
+from lightning_mqgnn.graph.ondisk import open_dataset
+
+torch.set_num_threads(1)  # OpenMP's pool does not survive a fork (the workers run single-threaded too)
+folder, bound_gb = sys.argv[1], float(sys.argv[2])
+ds = open_dataset(folder, resident_gb=bound_gb if bound_gb > 0 else None)
+mb = lambda: mapped_pages.resident_file_bytes() / 2**20
+
+def touch_all():
+    rows = ds.features.shape[0]
+    total = 0.0
+    for start in range(0, rows, 4096):  # chunk by chunk, as batches read
+        total += float(ds.features[start : start + 4096].sum())
+        time.sleep(0.002)
+    time.sleep(5 * mapped_pages.CHECK_INTERVAL_S)
+    return total
+
+before = mb()
+first = touch_all()
+print("parent", before, mb(), first, flush=True)
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:  # a forked sampler worker: its own thread keeps its own bound
+    second = touch_all()
+    os.write(write, f"child {mb()} {second}".encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.read(read, 200).decode(), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A dataset whose features are 320 MiB: well above the bound, which is above the pages of the
+    libraries (torch's: about 110 MiB, file-backed too)."""
+    ds = generate_graph(num_nodes=40_000, mean_degree=4, num_features=2048, num_classes=4)
+    return write_dataset(ds, tmp_path_factory.mktemp("mapped") / "wide")
+
+
+def _run(folder, bound_gb: float) -> dict[str, tuple[float, ...]]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _BOUNDED, str(folder), str(bound_gb)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {line.split()[0]: tuple(map(float, line.split()[1:])) for line in proc.stdout.splitlines()}
+
+
+def test_resident_mapped_pages_stay_under_the_bound_in_the_process_and_its_forked_children(wide):
+    features_mb = 40_000 * 2048 * 4 / 2**20
+    unbounded = _run(wide, 0)
+    before, after, total = unbounded["parent"]
+    assert after - before > 0.9 * features_mb  # without a bound every touched page stays resident
+    bounded = _run(wide, 0.1875)  # 192 MiB
+    _, parent_after, parent_total = bounded["parent"]
+    child_after, child_total = bounded["child"]
+    assert parent_after < 192 + 32 and child_after < 192 + 32, (parent_after, child_after)
+    assert parent_total == total and child_total == total  # dropped pages read back the same
+
+
+def test_a_bounded_dataset_travels_with_its_bound_and_refuses_a_bad_one(wide):
+    import pickle
+
+    from lightning_mqgnn.graph import mapped_pages
+
+    ds = open_dataset(wide, resident_gb=1.5)
+    again = pickle.loads(pickle.dumps(ds))
+    assert again.resident_gb == 1.5 and torch.equal(again.features[:10], ds.features[:10])
+    with pytest.raises(ValueError, match="resident_gb must be positive or null, got 0"):
+        open_dataset(wide, resident_gb=0)
+    mapped_pages.bound_resident_pages(None)  # this test process keeps its pages
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmFlags of /proc/self/smaps")
+def test_the_mappings_reserve_no_memory_so_a_file_larger_than_the_memory_maps(wide):
+    """Without MAP_NORESERVE the kernel charges a private writable mapping's whole size against
+    the commit limit and refuses one larger than the memory (ENOMEM at open)."""
+    ds = open_dataset(wide)
+    address = ds.features.data_ptr()
+    flags = None
+    for block in Path("/proc/self/smaps").read_text().split("\n"):
+        if "-" in block.split(" ", 1)[0] and ":" not in block.split(" ", 1)[0]:
+            low, high = (int(x, 16) for x in block.split(" ", 1)[0].split("-"))
+            inside = low <= address < high
+        elif block.startswith("VmFlags:") and inside:
+            flags = block.split()[1:]
+            break
+    assert flags is not None and "nr" in flags, flags
+
+
+def test_a_mapped_graph_travels_as_its_files_and_an_in_memory_one_as_its_arrays(tmp_path):
+    """A spawned sampler worker receives the sampler's graph pickled: mapped, it is mapped again
+    there (a few hundred bytes on the way), not copied whole into shared memory."""
+    import pickle
+
+    from lightning_mqgnn.graph.mapped_pages import mapped_source
+
+    ds = generate_graph("arxiv", scale=0.01, seed=2)
+    mapped = open_dataset(write_dataset(ds, tmp_path / "d")).graph
+    sent = pickle.dumps(mapped)
+    received = pickle.loads(sent)
+    assert len(sent) < 2000 and mapped_source(received.indices) is not None
+    assert torch.equal(received.indptr, ds.graph.indptr) and torch.equal(received.indices, ds.graph.indices)
+    in_memory = pickle.dumps(ds.graph)
+    assert (
+        len(in_memory) > ds.graph.indices.numel() * 8
+        and mapped_source(pickle.loads(in_memory).indices) is None
+    )
