@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
-from lightning_mqgnn.graph.edge_buckets import EdgeBuckets
+from lightning_mqgnn.graph.edge_buckets import EdgeBuckets, unique_of_sorted
 
 
 def pareto_weights(num_nodes: int, alpha: float, mean_degree: float, generator: torch.Generator) -> Tensor:
@@ -42,13 +42,7 @@ def pareto_weights(num_nodes: int, alpha: float, mean_degree: float, generator: 
 
 
 def _sorted_unique(keys: Tensor) -> Tensor:
-    s = np.sort(keys.numpy())
-    if s.size == 0:
-        return torch.from_numpy(s)
-    keep = np.empty(s.size, dtype=bool)
-    keep[0] = True
-    np.not_equal(s[1:], s[:-1], out=keep[1:])
-    return torch.from_numpy(s[keep])
+    return torch.from_numpy(unique_of_sorted(np.sort(keys.numpy())))
 
 
 def _pair_stubs_within_groups(
@@ -112,9 +106,9 @@ def chung_lu_edge_chunks(
     stubs_per_chunk: int | None = None,
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """The stub pairing of ``homophilous_chung_lu`` in ``C`` rounds of rates ``weights / C``, so
-    that one round's stubs are about ``stubs_per_chunk`` (default ``STUBS_PER_CHUNK``): the edges of a graph whose edge list
-    does not fit in memory, a round at a time (undirected ``(a, b)``, ``a != b``, duplicates and
-    both directions left to whoever merges them, see ``edge_buckets``).
+    that one round's stubs are about ``stubs_per_chunk`` (default ``STUBS_PER_CHUNK``): the edges
+    of a graph whose edge list does not fit in memory, a round at a time (undirected ``(a, b)``,
+    ``a != b``, duplicates and both directions left to whoever merges them, see ``edge_buckets``).
 
     Node ``v`` gets Poisson(``w_v``) stubs over all rounds, as in one round, and a pair of
     stubs meets in a round with probability proportional to ``w_u w_v``, so the expected degrees

@@ -25,10 +25,6 @@ class RowChunk:
     indptr: Tensor
     sources: Tensor
 
-    def row_ids(self) -> Tensor:
-        """Destination id of each of the chunk's edges (global ids)."""
-        return torch.repeat_interleave(torch.arange(self.lo, self.hi), self.indptr.diff())
-
 
 @dataclass(frozen=True)
 class CSRGraph:
@@ -71,11 +67,11 @@ class CSRGraph:
         )
 
     def row_chunks(self, max_edges: int | None = None) -> Iterator[RowChunk]:
-        """Consecutive row ranges of at most ``max_edges`` edges each (default
-        ``ROW_CHUNK_EDGES``; a row with more is a chunk
-        of its own), in order, with their edges: a pass over the edges of a graph whose edge
-        list is on disk or too large for its per-edge temporaries reads and holds one chunk at a
-        time, its ``indices`` read through their file (``read_rows``) where they are memory-mapped."""
+        """Consecutive row ranges of at most ``max_edges`` edges each (default ``ROW_CHUNK_EDGES``;
+        a row with more is a chunk of its own), in order, with their edges: a pass over the edges
+        of a graph whose edge list is on disk or too large for its per-edge temporaries reads and
+        holds one chunk at a time, its ``indices`` read through their file (``read_rows``) where
+        they are memory-mapped."""
         n, lo, max_edges = self.num_nodes, 0, max_edges or ROW_CHUNK_EDGES
         while lo < n:
             start = int(self.indptr[lo])

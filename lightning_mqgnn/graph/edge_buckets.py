@@ -79,7 +79,7 @@ class EdgeBuckets:
             if merged.exists():  # two sorted runs: the stable sort (timsort) merges them in one pass
                 new = np.concatenate([np.fromfile(merged, dtype=np.int64), new])
                 new.sort(kind="stable")
-            keys = _unique_sorted(new)
+            keys = unique_of_sorted(new)
             first = b * self.rows_per_bucket
             last = min(first + self.rows_per_bucket, self.num_nodes)
             degree[first:last] = np.bincount(keys // self.num_nodes - first, minlength=last - first)
@@ -101,7 +101,8 @@ class EdgeBuckets:
             path.unlink()
 
 
-def _unique_sorted(keys: np.ndarray) -> np.ndarray:
+def unique_of_sorted(keys: np.ndarray) -> np.ndarray:
+    """``keys`` (sorted) without repeats; a linear pass (``np.unique`` sorts again, by hashing)."""
     if keys.size == 0:
         return keys
     keep = np.empty(keys.size, dtype=bool)

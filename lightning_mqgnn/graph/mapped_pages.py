@@ -163,9 +163,9 @@ def bound_resident_pages(limit_bytes: int | None) -> None:
     """Keep this process's ``RssFile`` near ``limit_bytes`` (None: no bound) from now on.
 
     The bound is the process's ``RssFile``, which counts the pages of its libraries too (torch's:
-    about 110 MiB): the last call sets it for every registered mapping. The check is
-    a read of ``/proc/self/status`` every ``CHECK_INTERVAL_S``, so the RSS may pass the bound by what
-    the process touches in ``CHECK_INTERVAL_S``.
+    about 110 MiB): the last call sets it for every registered mapping. The check is a read of
+    ``/proc/self/status`` every ``CHECK_INTERVAL_S``, so the RSS may pass the bound by what the
+    process touches in ``CHECK_INTERVAL_S``.
     """
     global _limit_bytes
     if limit_bytes is not None and limit_bytes <= 0:

@@ -360,7 +360,8 @@ def _map_array(path: Path, expected: ArrayFile) -> Tensor:
         raise OnDiskError(f"{path}: {size:,} bytes, expected {whole:,} ({what})")
     if expected.nbytes == 0:  # an empty mapping is not allowed
         return torch.empty(expected.shape, dtype=getattr(torch, expected.dtype))
-    # the kernel's readahead stays on: with MADV_RANDOM a cold epoch ran 5x slower (BENCHMARKS.md)
+    # readahead stays on unless the page cache cannot hold the file (mapped_pages): on a graph that
+    # fits the memory, MADV_RANDOM made a cold epoch 5x slower (BENCHMARKS.md)
     return map_array(path, offset, dtype, expected.shape)
 
 

@@ -289,12 +289,12 @@ class SamplerWorkerPool:
         self._results = ctx.Queue()
         self._in_flight_per = [0] * self.num_workers
         self._slots_sent = [{} for _ in range(self.num_workers)]
-        for t in (self.features, self.labels, self.cache_slot):
-            if t is not None and not t.is_shared() and mapped_source(t) is None:
-                t.share_memory_()  # in place: a refresh of the cache slots stays visible to workers
         # a memory-mapped array goes as its file, mapped again there: the page cache is shared
         features = mapped_source(self.features) or self.features
         labels = mapped_source(self.labels) or self.labels
+        for t in (features, labels, self.cache_slot):
+            if isinstance(t, Tensor) and not t.is_shared():
+                t.share_memory_()  # in place: a refresh of the cache slots stays visible to workers
         for i in range(self.num_workers):
             p = ctx.Process(
                 target=_worker_main,

@@ -200,7 +200,9 @@ class GNSCache:
         self.version = torch.full((1,), -1, dtype=torch.int64).share_memory_()
         as_source = torch.zeros(n, dtype=torch.int64)  # edges each node is the source of
         for chunk in self.graph.row_chunks():
-            as_source += torch.bincount(chunk.sources, minlength=n)
+            as_source.index_add_(
+                0, chunk.sources, torch.ones(1, dtype=torch.int64).expand(chunk.sources.numel())
+            )
         bound = int(torch.topk(as_source, min(self.capacity, n)).values.sum())
         self.edge_indptr = torch.zeros(n + 1, dtype=torch.int64).share_memory_()
         self.edge_pos = torch.zeros(bound, dtype=torch.int64).share_memory_()

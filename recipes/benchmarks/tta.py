@@ -65,7 +65,7 @@ def run_process(
 ) -> tuple[int, str, str, float]:
     """Run ``cmd``; ``(exit status, stdout, stderr, peak RSS in MB)``. The peak is ``peak(pid)``'s
     largest reading, every 0.1 s while it runs; by default the process's own ``VmHWM`` since its
-    exec (not its children's, see ``tree_high_water_mb``): ``ru_maxrss`` would also count the
+    exec (not its children's; ``tree_pss_mb`` sums a process tree): ``ru_maxrss`` would also count the
     launching process's pages, which a vfork-ed child holds until it execs. Killed after
     ``timeout`` seconds."""
     peak = peak or high_water_mb
