@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_mqgnn.graph.mapped_pages import MappedArray, mapped_source, read_rows
+from lightning_mqgnn.graph.mapped_pages import MappedArray, mapped_source, prefetch_rows, read_rows
 
 ROW_CHUNK_EDGES = 1 << 24  # 128 MiB of int64 sources per ``row_chunks`` chunk
 
@@ -46,6 +46,17 @@ class CSRGraph:
     def in_degrees(self) -> Tensor:
         return self.indptr[1:] - self.indptr[:-1]
 
+    def source_counts(self) -> Tensor:
+        """How many in-edges each node is the source of (its count in ``indices``; its out-degree),
+        a chunk of rows at a time (``row_chunks``): how often a sampler that reads every in-edge
+        of its frontier meets it."""
+        counts = torch.zeros(self.num_nodes, dtype=torch.int64)
+        for chunk in self.row_chunks():
+            counts.index_add_(
+                0, chunk.sources, torch.ones(1, dtype=torch.int64).expand(chunk.sources.numel())
+            )
+        return counts
+
     def __reduce_ex__(self, protocol):
         """A memory-mapped graph goes to another process (a spawned sampler worker, the GNS cache
         it holds) as its files, mapped again there, not pickled into shared memory whole."""
@@ -53,6 +64,16 @@ class CSRGraph:
         if sources[0] is None or sources[1] is None:
             return super().__reduce_ex__(protocol)
         return _mapped_graph, (*sources, self.num_nodes)
+
+    def prefetch_rows(self, nodes: Tensor) -> None:
+        """On a graph mapped from disk, start reading the in-edges of ``nodes`` before a sampler
+        reads them (``mapped_pages.prefetch_rows``), so their reads are in flight together;
+        nothing for a graph in memory."""
+        if mapped_source(self.indices) is None or nodes.numel() == 0:
+            return
+        prefetch_rows(self.indptr, torch.cat([nodes, nodes + 1]))
+        starts = self.indptr.index_select(0, nodes)
+        prefetch_rows(self.indices, starts, self.indptr.index_select(0, nodes + 1) - starts)
 
     def share_memory_(self) -> CSRGraph:
         """Move the arrays to shared memory so sampler processes read them without a copy."""

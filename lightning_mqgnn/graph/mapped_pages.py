@@ -18,6 +18,13 @@ own thread for the mappings it inherits; a spawned one maps the file again (``Ma
 A file larger than ``RANDOM_ACCESS_SHARE`` of the memory is advised ``MADV_RANDOM``: batches read
 it at random, and the kernel's read-around would read pages that are evicted before any batch
 touches them. A pass over a whole array reads it through the file instead (``read_rows``).
+
+Reading a batch's rows from a mapping faults one page at a time: a process waits for each read
+before it asks for the next, so the disk serves one request at a time however many it could
+serve at once (a cloud SSD: 10k random reads/s to one reader, 62k/s to sixteen). ``prefetch_rows``
+first asks the kernel for every page the rows lie on (``MADV_WILLNEED``, which starts the reads
+and returns), so the reads of a batch are in flight together and the gather then waits for the
+slowest, not for their sum.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ __all__ = [
     "map_array",
     "mapped_source",
     "opened",
+    "prefetch_rows",
     "release_mapped_pages",
     "resident_file_bytes",
     "read_rows",
@@ -78,6 +86,7 @@ class MappedArray:
 
 
 _sources: dict[int, MappedArray] = {}  # a mapped tensor's first byte -> where it lies
+_mappings: dict[int, weakref.ref[mmap.mmap]] = {}  # a mapped tensor's first byte -> its mapping
 
 
 def read_rows(t: Tensor, start: int, end: int) -> Tensor:
@@ -137,8 +146,41 @@ def map_array(path: Path, offset: int, dtype: np.dtype, shape: tuple[int, ...]) 
     tensor = torch.from_numpy(array)
     address = tensor.data_ptr()
     _sources[address] = MappedArray(Path(path), offset, np.dtype(dtype).name, tuple(shape))
+    _mappings[address] = weakref.ref(mapping)
     weakref.finalize(mapping, _sources.pop, address, None)
+    weakref.finalize(mapping, _mappings.pop, address, None)
     return tensor
+
+
+def prefetch_rows(t: Tensor, rows: Tensor, counts: Tensor | None = None) -> int:
+    """Start reading the pages that ``t[rows]`` lies on (with ``counts``: the runs
+    ``t[rows[i] : rows[i] + counts[i]]``, such as whole CSR rows of ``indices``), for a tensor
+    ``map_array`` mapped (a view of the whole array). Returns the number of ``madvise`` calls: 0
+    for any other tensor, which this leaves alone.
+
+    The pages are merged into runs of consecutive pages, one call each. Pages already in the page
+    cache cost nothing but the call."""
+    ref = _mappings.get(t.data_ptr())
+    source = _sources.get(t.data_ptr())
+    mapping = None if ref is None else ref()
+    if mapping is None or source is None or tuple(t.shape) != source.shape or rows.numel() == 0:
+        return 0
+    row_bytes = np.dtype(source.dtype).itemsize * math.prod(source.shape[1:])
+    first = source.offset + rows.cpu().numpy().astype(np.int64, copy=False) * row_bytes
+    length = row_bytes if counts is None else counts.cpu().numpy().astype(np.int64, copy=False) * row_bytes
+    keep = np.broadcast_to(length > 0, first.shape)
+    first, last = first[keep], (first + length - 1)[keep]
+    if first.size == 0:
+        return 0
+    order = np.argsort(first, kind="stable")
+    lo, hi = first[order] // mmap.PAGESIZE, np.maximum.accumulate(last[order] // mmap.PAGESIZE)
+    breaks = np.flatnonzero(lo[1:] > hi[:-1] + 1) + 1  # a gap of at least one page
+    starts = lo[np.concatenate([[0], breaks])]
+    ends = hi[np.concatenate([breaks - 1, [lo.size - 1]])] + 1
+    with contextlib.suppress(ValueError, OSError):  # closed meanwhile: the gather will say so
+        for page, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            mapping.madvise(mmap.MADV_WILLNEED, page * mmap.PAGESIZE, (end - page) * mmap.PAGESIZE)
+    return int(starts.size)
 
 
 def release_mapped_pages() -> None:

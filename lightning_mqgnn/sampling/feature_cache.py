@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.graph.mapped_pages import prefetch_rows
 from lightning_mqgnn.sampling.batch import MiniBatch
 from lightning_mqgnn.sampling.rng import epoch_seed
 
@@ -47,7 +48,10 @@ class FeatureCache(Protocol):
 
 
 def resident_rows(cache: FeatureCache, features: Tensor, device: torch.device | str = "cpu") -> Tensor:
-    """``features[cache.nodes]`` on ``device``: the rows ``batch.cache_slots`` index into."""
+    """``features[cache.nodes]`` on ``device``: the rows ``batch.cache_slots`` index into. From
+    features on disk, every row's read is asked for first (``prefetch_rows``): a cache is a
+    fraction of the nodes, so its rows are as many reads as rows."""
+    prefetch_rows(features, cache.nodes)
     return features.index_select(0, cache.nodes).to(device)
 
 
@@ -166,10 +170,13 @@ class GNSCache:
     cached ids, the rest repeat ``nodes[0]`` (harmless rows, so ``features[nodes]`` keeps one
     shape). ``slot[v]`` is v's row in ``nodes`` or -1; ``inclusion[v]`` = P(v cached).
 
-    ``edge_indptr``/``edge_pos``: for every node, the CSR positions (in ``graph.indices``) of its
-    in-edges from cached nodes, rebuilt with each draw. The sampler then reads only those instead of
-    scanning every in-edge of its frontier (power-law frontiers hold millions). ``edge_pos`` has
-    a fixed length, the most in-edges any ``capacity`` nodes can be the source of.
+    ``edge_indptr``/``edge_src``: for every node, its cached in-neighbours in CSR order, rebuilt
+    with each draw. The sampler then reads only those instead of scanning every in-edge of its
+    frontier (power-law frontiers hold millions), and never reads ``graph.indices`` for them (on a
+    graph on disk, random reads of the topology file). ``edge_src`` has a fixed length, the most
+    in-edges any ``capacity`` nodes can be the source of, and is int32 when the node ids fit: the
+    cache's sources are the hubs, so it holds a large share of all edges (31% on a papers100M-shaped
+    graph at a 1% cache).
     """
 
     graph: CSRGraph
@@ -185,7 +192,7 @@ class GNSCache:
     num_cached: Tensor = field(init=False)
     version: Tensor = field(init=False)  # epoch of the last draw, -1 before the first
     edge_indptr: Tensor = field(init=False)
-    edge_pos: Tensor = field(init=False)
+    edge_src: Tensor = field(init=False)
 
     def __post_init__(self) -> None:
         if self.period < 1:
@@ -198,14 +205,11 @@ class GNSCache:
         self.inclusion = torch.zeros(n, dtype=torch.float64).share_memory_()
         self.num_cached = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.version = torch.full((1,), -1, dtype=torch.int64).share_memory_()
-        as_source = torch.zeros(n, dtype=torch.int64)  # edges each node is the source of
-        for chunk in self.graph.row_chunks():
-            as_source.index_add_(
-                0, chunk.sources, torch.ones(1, dtype=torch.int64).expand(chunk.sources.numel())
-            )
+        as_source = self.graph.source_counts()
         bound = int(torch.topk(as_source, min(self.capacity, n)).values.sum())
         self.edge_indptr = torch.zeros(n + 1, dtype=torch.int64).share_memory_()
-        self.edge_pos = torch.zeros(bound, dtype=torch.int64).share_memory_()
+        id_dtype = torch.int32 if n <= torch.iinfo(torch.int32).max else torch.int64
+        self.edge_src = torch.zeros(bound, dtype=id_dtype).share_memory_()
         self.refresh_(0)
 
     @property
@@ -233,7 +237,7 @@ class GNSCache:
         return True
 
     def _index_cached_edges(self) -> None:
-        """Rebuild ``edge_indptr``/``edge_pos`` from ``slot``: one pass over the edges, a chunk of
+        """Rebuild ``edge_indptr``/``edge_src`` from ``slot``: one pass over the edges, a chunk of
         rows at a time (``row_chunks``), reading a boolean mask (1 byte a node: stays in cache)
         rather than the int64 slots (8 bytes a node)."""
         g = self.graph
@@ -244,6 +248,6 @@ class GNSCache:
             hit = cached.index_select(0, chunk.sources).nonzero().squeeze(1)
             local_rows = torch.searchsorted(chunk.indptr, hit, right=True) - 1
             counts[chunk.lo : chunk.hi] = torch.bincount(local_rows, minlength=chunk.hi - chunk.lo)
-            self.edge_pos[filled : filled + hit.numel()] = hit + chunk.start
+            self.edge_src[filled : filled + hit.numel()] = chunk.sources.index_select(0, hit)
             filled += hit.numel()
         torch.cumsum(counts, 0, out=self.edge_indptr[1:])

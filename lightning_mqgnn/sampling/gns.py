@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.graph.mapped_pages import prefetch_rows
 from lightning_mqgnn.sampling.base import Relabeler, row_positions
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.exact import AGGREGATIONS, gcn_norm, row_mass
@@ -160,7 +161,7 @@ class GNSSampler:
         seed = draw_layer_seed()  # the layer's shared variates (LABOR's, and the uncached fill's)
         if self.sampling == "labor":
             # LABOR among the cached neighbours: one shared variate per cached source
-            cand = CandidateEdges(g.indices[sub.indices], cached_count)
+            cand = CandidateEdges(sub.indices, cached_count)
             keep, rows, taken = labor_sample(  # taken: P(u taken | u cached)
                 cand, self.fanouts[0], self.importance_sampling, self._sources, seed
             )
@@ -170,7 +171,7 @@ class GNSSampler:
             counts, pos = sample_neighbor_edges(
                 sub, torch.arange(dst.numel(), device=dst.device), self.fanouts[0], replace=False
             )
-            nbrs = g.indices[sub.indices[pos]]
+            nbrs = sub.indices.index_select(0, pos)
             rows = torch.repeat_interleave(
                 torch.arange(dst.numel(), device=dst.device), counts, output_size=pos.numel()
             )
@@ -208,14 +209,14 @@ class GNSSampler:
 
 def cached_edges(cache: GNSCache, dst: Tensor) -> CSRGraph:
     """The in-edges of ``dst`` from cached nodes, as a CSR over ``len(dst)`` rows whose
-    ``indices`` are CSR positions in ``cache.graph`` (so ``sample_neighbor_edges`` can draw from
-    it); each row in CSR order. Reads the cache's edge index: O(cached in-edges of ``dst``)."""
+    ``indices`` are the cached sources (int64), each row in CSR order. Reads the cache's edge
+    index only: O(cached in-edges of ``dst``)."""
     starts = cache.edge_indptr.index_select(0, dst)
     deg = cache.edge_indptr.index_select(0, dst + 1) - starts
     indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64, device=dst.device)
     torch.cumsum(deg, 0, out=indptr[1:])
-    edge = row_positions(starts, deg)
-    return CSRGraph(indptr=indptr, indices=cache.edge_pos.index_select(0, edge), num_nodes=dst.numel())
+    sources = cache.edge_src.index_select(0, row_positions(starts, deg)).to(torch.int64)
+    return CSRGraph(indptr=indptr, indices=sources, num_nodes=dst.numel())
 
 
 def uncached_candidates(
@@ -239,6 +240,7 @@ def uncached_candidates(
     short = torch.nonzero((need > 0) & (deg > cached_count)).reshape(-1)
     starts = graph.indptr.index_select(0, dst.index_select(0, short))
     row_deg = deg.index_select(0, short)
+    prefetch_rows(graph.indices, starts, row_deg)  # a graph on disk: these rows' reads together
     nbrs = graph.indices.index_select(0, row_positions(starts, row_deg))
     rows = torch.repeat_interleave(torch.arange(short.numel(), device=dst.device), row_deg)
     uncached = slot.index_select(0, nbrs) < 0

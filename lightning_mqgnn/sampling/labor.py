@@ -387,6 +387,7 @@ class LaborSampler:
         """One layer's block; ``seed`` the hash seed of its variates (a fresh one when None)."""
         seed = draw_layer_seed() if seed is None else seed
         g = self.graph
+        g.prefetch_rows(dst)  # a graph on disk: every row this layer reads, in flight together
         if self.importance_sampling == 0 and fanout > 0 and not dst.is_cuda:
             src, counts, degrees = labor0_kept(g.indptr, g.indices, dst.contiguous(), fanout, seed)
             deg = degrees.to(torch.float64)

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.graph.mapped_pages import prefetch_rows
 from lightning_mqgnn.sampling.base import Relabeler, row_positions, sample_top_down
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 from lightning_mqgnn.sampling.cpu_kernels import floyd_positions
@@ -159,7 +160,9 @@ class NeighborSampler:
 
     def _sample_layer(self, dst: Tensor, fanout: int) -> tuple[Block, Tensor]:
         g = self.graph
+        prefetch_rows(g.indptr, dst)  # a graph on disk: its reads of this layer in flight together
         counts, edge_pos = sample_neighbor_edges(g, dst, fanout, self.replace)
+        prefetch_rows(g.indices, edge_pos)
         nbrs = g.indices.index_select(0, edge_pos)
         src_nodes, local = self._relabel(dst, nbrs)
         rows = torch.repeat_interleave(

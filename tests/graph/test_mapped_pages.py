@@ -129,3 +129,51 @@ def test_a_mapped_graph_travels_as_its_files_and_an_in_memory_one_as_its_arrays(
         len(in_memory) > ds.graph.indices.numel() * 8
         and mapped_source(pickle.loads(in_memory).indices) is None
     )
+
+
+def _resident_pages(t: torch.Tensor, offset: int, nbytes: int) -> set[int]:
+    """The pages of a mapped file that are in the page cache (``mincore`` over its mapping)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    base = t.data_ptr() - offset  # the mapping starts at the file's first byte
+    pages = (nbytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    vec = (ctypes.c_ubyte * pages)()
+    assert libc.mincore(ctypes.c_void_p(base), ctypes.c_size_t(nbytes), vec) == 0, ctypes.get_errno()
+    return {i for i in range(pages) if vec[i] & 1}
+
+
+def test_prefetch_reads_the_pages_of_the_rows_asked_for_and_no_others(tmp_path):
+    import os
+    import time
+
+    import numpy as np
+
+    from lightning_mqgnn.graph.mapped_pages import map_array, prefetch_rows
+
+    offset, rows, width = 128, 4096, 256  # float32 rows of 1 KiB after a header: some straddle pages
+    values = np.arange(rows * width, dtype=np.float32).reshape(rows, width)
+    path = tmp_path / "rows.bin"
+    with open(path, "wb") as f:
+        f.write(b"\0" * offset + values.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages leave the cache
+    size = path.stat().st_size
+    t = map_array(path, offset, np.dtype(np.float32), (rows, width))
+    assert _resident_pages(t, offset, size) == set()
+
+    # rows 3 (bytes 3200-4223: pages 0 and 1), 5 and 6 (page 1), 100 (page 25), 4000 (page 1000)
+    assert prefetch_rows(t, torch.tensor([4000, 5, 3, 100, 6])) == 3  # runs [0, 1], [25], [1000]
+    expect = {0, 1, 25, 1000}
+    deadline = time.monotonic() + 10
+    while _resident_pages(t, offset, size) != expect and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _resident_pages(t, offset, size) == expect  # read ahead of any touch, and nothing else
+    assert torch.equal(t[torch.tensor([3, 100])], torch.from_numpy(values[[3, 100]]))
+
+    # runs of rows (whole CSR rows): rows 10-29 are bytes 10368-30847, pages 2-7, one call
+    assert prefetch_rows(t, torch.tensor([10, 12]), counts=torch.tensor([20, 3])) == 1
+    assert prefetch_rows(t, torch.tensor([10]), counts=torch.tensor([0])) == 0  # an empty row
+    assert prefetch_rows(torch.from_numpy(values), torch.tensor([1])) == 0  # not mapped: left alone

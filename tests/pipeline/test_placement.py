@@ -83,7 +83,7 @@ def test_to_device_copies_the_object_graph_and_keeps_shared_parts_shared():
     assert moved is not sampler and moved.cache is moved_cache is not cache
     assert moved.graph is moved.cache.graph is moved._upper.graph  # one graph, as in the original
     assert moved.graph.indices is g.indices  # on the CPU Tensor.to shares the memory
-    assert moved._relabel._slot is None  # per-process scratch is left behind, rebuilt at first use
+    assert moved._relabel._held is None  # per-process scratch is left behind, rebuilt at first use
     assert state_nbytes(sampler) >= g.indptr.nbytes + g.indices.nbytes + cache.slot.nbytes
 
 

@@ -321,7 +321,7 @@ def test_sampler_pickles_without_its_scratch_and_samples_the_same_in_a_copy():
     torch.manual_seed(0)
     first = sampler.sample(torch.arange(30))
     clone = pickle.loads(pickle.dumps(sampler))
-    assert clone._sources._slot is None and clone._relabel._slot is None
+    assert clone._sources._held is None and clone._relabel._held is None
     torch.manual_seed(0)
     again = clone.sample(torch.arange(30))
     assert torch.equal(first.input_nodes, again.input_nodes)

@@ -30,7 +30,7 @@ def test_relabel_orders_new_sources_alike_by_scan_and_by_sort(num_nodes, monkeyp
         new = nodes_a[prefix.numel() :]
         assert torch.equal(new, torch.unique(others[~torch.isin(others, prefix)]))
         assert torch.equal(nodes_a[local_a], others)
-        assert bool((relabel._slot == -1).all())  # the scratch is left clean
+        assert bool((relabel.scratch(torch.device("cpu")) == -1).all())  # the scratch is left clean
 
 
 def test_workspace_reuses_and_grows_its_buffers():
@@ -57,3 +57,33 @@ def test_row_positions_into_a_buffer_equal_the_allocating_form():
         expect = row_positions(starts, counts)
         assert torch.equal(row_positions(starts, counts, out=buffer), expect)
         assert torch.equal(row_positions_by_repeat(starts, counts, out=buffer), expect)
+
+
+def test_the_scratch_arrays_of_one_thread_are_one_array_and_other_threads_have_their_own():
+    import threading
+
+    from lightning_mqgnn.graph.csr import CSRGraph
+    from lightning_mqgnn.sampling.feature_cache import GNSCache
+    from lightning_mqgnn.sampling.gns import GNSSampler
+    from lightning_mqgnn.sampling.labor import SourceIndex
+
+    cpu = torch.device("cpu")
+    relabel, index = Relabeler(500), SourceIndex(500)
+    assert relabel.scratch(cpu).data_ptr() == index.scratch(cpu).data_ptr()
+    assert Relabeler(501).scratch(cpu).numel() == 501  # another node count, another array
+    elsewhere: list[int] = []
+    thread = threading.Thread(target=lambda: elsewhere.append(Relabeler(500).scratch(cpu).data_ptr()))
+    thread.start()
+    thread.join()
+    assert elsewhere[0] != relabel.scratch(cpu).data_ptr()
+
+    # a GNS sampler over LABOR layers: four users of the scratch, one array, clean after sampling
+    src = torch.randint(0, 300, (3000,), generator=torch.Generator().manual_seed(0))
+    dst = torch.randint(0, 300, (3000,), generator=torch.Generator().manual_seed(1))
+    graph = CSRGraph.from_edges(src, dst, 300)
+    cache = GNSCache(graph, torch.arange(300), fraction=0.1, seed=0)
+    sampler = GNSSampler(graph, [4, 4], cache, sampling="labor", estimator="hajek", importance_sampling=1)
+    sampler.sample(torch.arange(40))
+    users = [sampler._relabel, sampler._sources, sampler._upper._relabel, sampler._upper._sources]
+    assert len({u._held.data_ptr() for u in users}) == 1
+    assert bool((users[0]._held == -1).all())
