@@ -14,6 +14,7 @@ from lightning_mqgnn.pipeline.device_loader import (
     check_device_sampler,
     resolve_placement,
 )
+from lightning_mqgnn.pipeline.host_cache import host_row_cache
 from lightning_mqgnn.pipeline.loader import PipelinedLoader
 from lightning_mqgnn.pipeline.placement import DEFAULT_MARGIN, Placement, check_place
 from lightning_mqgnn.pipeline.plan import EpochPlan
@@ -56,6 +57,10 @@ class MQGNNDataModule(pl.LightningDataModule):
     of a thread of the training process (``pipeline/sampler_process.py``: sampling no longer
     shares the training loop's interpreter); resident features without a feature cache only, else
     the thread.
+
+    ``host_cache_gb``: for features on disk, hold that many GB of the rows batches read most in
+    memory (``pipeline/host_cache.py``; ``host_cache_policy`` ``"walk"`` or ``"degree"``), read
+    from there by the sequential and pipelined loaders' gather stage; 0: the page cache alone.
     """
 
     def __init__(
@@ -82,6 +87,8 @@ class MQGNNDataModule(pl.LightningDataModule):
         features_on: str = "auto",
         device_sampler: str = "thread",
         sampler_processes: int = 2,
+        host_cache_gb: float = 0.0,
+        host_cache_policy: str = "walk",
     ):
         super().__init__()
         if mode not in MODES:
@@ -95,8 +102,25 @@ class MQGNNDataModule(pl.LightningDataModule):
         self._placement: Placement | None = None
         self.device_loader: DeviceResidentLoader | None = None
         self.aggregate_inputs = aggregate_inputs
+        host_cache = None
+        if host_cache_gb and mode == "device":
+            raise ValueError(
+                f"host_cache_gb={host_cache_gb}: the host tier serves the sequential and pipeline "
+                "loaders' gather stage; the device loader gathers on the device"
+            )
+        if host_cache_gb:
+            fanouts = getattr(sampler, "fanouts", None) or [-1] * sampler.num_layers
+            host_cache = host_row_cache(dataset, host_cache_gb, host_cache_policy, fanouts)
         self.source = BatchSource(
-            dataset, sampler, batch_size, shuffle, drop_last, seed, aggregate_inputs, feature_cache
+            dataset,
+            sampler,
+            batch_size,
+            shuffle,
+            drop_last,
+            seed,
+            aggregate_inputs,
+            feature_cache=feature_cache,
+            host_cache=host_cache,
         )
         self.settings = PipelineSettings(
             num_workers,

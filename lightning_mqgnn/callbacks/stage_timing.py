@@ -63,6 +63,7 @@ class StageTimingCallback(pl.Callback):
         self.epoch_times: list[float] = []
         self.cache_hit_rates: list[float] = []  # per epoch, when a feature cache (GNS) serves rows
         self._hits = self._rows = 0
+        self._host_hits = self._host_reads = 0  # rows the host tier held, rows asked of it
         self.summary: dict[str, float] = {}
         self._marks: dict[str, float] = {}
         self._fit_start = 0.0
@@ -73,6 +74,7 @@ class StageTimingCallback(pl.Callback):
         self.records.clear()
         self.epoch_times.clear()
         self.cache_hit_rates.clear()
+        self._host_hits = self._host_reads = 0
         self.summary = {}
 
     @override
@@ -111,6 +113,9 @@ class StageTimingCallback(pl.Callback):
         if "cache_hits" in meta:
             self._hits += int(meta["cache_hits"])
             self._rows += int(batch.input_nodes.numel())
+        if "host_reads" in meta:
+            self._host_hits += int(meta["host_hits"])
+            self._host_reads += int(meta["host_reads"])
         row.update(feature_traffic(batch))
         for key in META_STAGES + META_GAUGES:
             if key in meta:
@@ -163,6 +168,8 @@ class StageTimingCallback(pl.Callback):
             rank_zero_info(
                 "feature cache hit rate per epoch: " + ", ".join(f"{r:.3f}" for r in self.cache_hit_rates)
             )
+        if self._host_reads:
+            self.summary["host_cache_hit_rate"] = self._host_hits / self._host_reads
         if trainer.logger is not None:
             trainer.logger.log_metrics({f"stage_summary/{k}": v for k, v in self.summary.items()})
         rank_zero_info(
@@ -175,16 +182,19 @@ class StageTimingCallback(pl.Callback):
         )
 
     def result_fields(self) -> str:
-        """`` feature_rows_per_batch=... feature_mb_per_batch=... cache_hit_rate=...``: what a batch
-        moved to the device, for the recipe's RESULT line (empty without sampled batches)."""
+        """`` feature_rows_per_batch=... feature_mb_per_batch=... cache_hit_rate=...
+        host_cache_hit_rate=...``: what a batch moved to the device, the share of its input rows
+        the device cache served, and of the rest the share the host tier held, for the recipe's
+        RESULT line (empty without sampled batches)."""
         if "mean_feature_rows" not in self.summary:
             return ""
         fields = (
             f" feature_rows_per_batch={self.summary['mean_feature_rows']:.0f}"
             f" feature_mb_per_batch={self.summary['mean_feature_bytes'] / 2**20:.3f}"
         )
-        if "cache_hit_rate" in self.summary:
-            fields += f" cache_hit_rate={self.summary['cache_hit_rate']:.3f}"
+        for name in ("cache_hit_rate", "host_cache_hit_rate"):
+            if name in self.summary:
+                fields += f" {name}={self.summary[name]:.3f}"
         return fields
 
     def summarize(self) -> dict[str, float]:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_mqgnn.graph.mapped_pages import prefetch_rows
+from lightning_mqgnn.pipeline.host_cache import TieredFeatures
 from lightning_mqgnn.pipeline.packing import Deferred, RowGather
 from lightning_mqgnn.sampling.aggregate import row_sum
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
@@ -30,9 +32,10 @@ class InputAggregation:
     compute it: the row sum reads ``X`` by global id, so the input rows are never gathered into
     a copy, the batch shrinks from ``num_src`` rows to ``num_dst``, and the training step starts
     at the first GEMM. Summation order is that of ``Block.aggregate``: training is bit-identical.
+    From ``TieredFeatures`` the input rows are read first (two tiers), then summed alike.
     """
 
-    features: Tensor
+    features: Tensor | TieredFeatures
     block: Block
     input_nodes: Tensor
     with_self: bool
@@ -54,11 +57,15 @@ class InputAggregation:
 
     def _parts(self) -> list[Tensor]:
         b = self.block
-        ids = self.input_nodes.index_select(0, b.indices)
-        agg = row_sum(ids, self.features, b.indptr, b.weights.to(self.features.dtype))
-        if not self.with_self:
-            return [agg]
-        return [agg, self.features.index_select(0, self.input_nodes[: b.num_dst])]
+        if isinstance(self.features, TieredFeatures):
+            rows = self.features.read(self.input_nodes)
+            ids, dst_rows = b.indices, rows[: b.num_dst]
+        else:
+            rows = self.features
+            ids = self.input_nodes.index_select(0, b.indices)
+            dst_rows = rows.index_select(0, self.input_nodes[: b.num_dst])
+        agg = row_sum(ids, rows, b.indptr, b.weights.to(self.dtype))
+        return [agg, dst_rows] if self.with_self else [agg]
 
     def write(self, out: Tensor) -> None:
         torch.cat(self._parts(), 1, out=out)
@@ -68,9 +75,31 @@ class InputAggregation:
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
+@dataclass
+class TieredRowGather:
+    """``RowGather`` through two tiers: ``features.read(rows)``."""
+
+    features: TieredFeatures
+    rows: Tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.rows.numel(), *self.features.shape[1:])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.features.dtype
+
+    def write(self, out: Tensor) -> None:
+        self.features.read(self.rows, out=out)
+
+    def value(self) -> Tensor:
+        return self.features.read(self.rows)
+
+
 def batch_gathers(
     batch: MiniBatch,
-    features: Tensor,
+    features: Tensor | TieredFeatures,
     labels: Tensor,
     cache_slot: Tensor | None = None,
     input_aggregation: str | None = None,
@@ -78,18 +107,30 @@ def batch_gathers(
     """What the gather stage attaches to ``batch``: the seeds' ``labels``, and ``features`` of
     ``feature_rows`` or, with ``input_aggregation`` (the sampler's aggregation; not with a
     device cache, whose rows are on the device), the ``aggregated`` first layer. Workers write
-    them straight into the packed batch; ``gather`` attaches them in place."""
-    if input_aggregation is not None and cache_slot is None:
+    them straight into the packed batch; ``gather`` attaches them in place. Rows of arrays mapped
+    from disk are asked for here, all at once (``prefetch_rows``), before any is read; with a host
+    tier (``TieredFeatures``) only those it lacks, and ``meta["host_hits"]`` counts those it has."""
+    aggregate = input_aggregation is not None and cache_slot is None
+    rows = batch.input_nodes if aggregate else feature_rows(batch, cache_slot)
+    if isinstance(features, TieredFeatures):
+        batch.meta["host_hits"] = features.hits(rows)
+        batch.meta["host_reads"] = rows.numel()
+    else:
+        prefetch_rows(features, rows)
+    if aggregate:
         with_self = input_aggregation == "mean"
         inputs = {"aggregated": InputAggregation(features, batch.blocks[0], batch.input_nodes, with_self)}
+    elif isinstance(features, TieredFeatures):
+        inputs = {"features": TieredRowGather(features, rows)}
     else:
-        inputs = {"features": RowGather(features, feature_rows(batch, cache_slot))}
+        inputs = {"features": RowGather(features, rows)}
+    prefetch_rows(labels, batch.output_nodes)
     return {**inputs, "labels": RowGather(labels, batch.output_nodes)}
 
 
 def gather(
     batch: MiniBatch,
-    features: Tensor,
+    features: Tensor | TieredFeatures,
     labels: Tensor,
     cache_slot: Tensor | None = None,
     input_aggregation: str | None = None,

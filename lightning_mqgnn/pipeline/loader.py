@@ -110,7 +110,7 @@ class PipelinedLoader(QueuedLoader):
             source, settings = self.source, self.settings
             self.pool = SamplerWorkerPool(
                 source.sampler,
-                source.dataset.features,
+                source.features,
                 source.dataset.labels,
                 self.num_workers,
                 cache_slot=source.cache_slot,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from lightning_mqgnn.graph.dataset import GraphDataset
+from lightning_mqgnn.pipeline.host_cache import HostRowCache, TieredFeatures
 from lightning_mqgnn.pipeline.produce import produce_here
 from lightning_mqgnn.pipeline.schedule import epoch_batches, num_batches
 from lightning_mqgnn.sampling.base import Sampler
@@ -24,6 +25,8 @@ class BatchSource:
     ``aggregate_inputs``: the gather stage computes the first layer's aggregation
     (``batch.aggregated``) instead of gathering the input rows; not with a ``feature_cache``.
     ``feature_cache`` (e.g. GNS): refreshed at every epoch start, its rows kept on the device.
+    ``host_cache``: the host tier of features on disk (``pipeline/host_cache.py``); the gather
+    stage reads ``features`` through it.
     """
 
     dataset: GraphDataset
@@ -34,6 +37,7 @@ class BatchSource:
     seed: int = 0
     aggregate_inputs: bool = False
     feature_cache: FeatureCache | None = None
+    host_cache: HostRowCache | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -43,6 +47,13 @@ class BatchSource:
     def input_aggregation(self) -> str | None:
         """The sampler's aggregation when the gather stage aggregates the first layer, else None."""
         return self.sampler.aggregation if self.aggregate_inputs else None
+
+    @property
+    def features(self) -> Tensor | TieredFeatures:
+        """The features the gather stage reads: the dataset's, through the host tier if any."""
+        if self.host_cache is None:
+            return self.dataset.features
+        return TieredFeatures(self.host_cache, self.dataset.features)
 
     @property
     def cache_slot(self) -> Tensor | None:
@@ -74,7 +85,7 @@ class BatchSource:
         return produce_here(
             self.sampler,
             seeds,
-            self.dataset.features,
+            self.features,
             self.dataset.labels,
             self.rng_seed(epoch, index),
             index,

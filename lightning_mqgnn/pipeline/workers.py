@@ -39,6 +39,7 @@ from torch import Tensor
 from lightning_mqgnn.graph.mapped_pages import MappedArray, mapped_source, opened
 from lightning_mqgnn.pipeline.child_signals import ignore_parent_signals
 from lightning_mqgnn.pipeline.gather import batch_gathers
+from lightning_mqgnn.pipeline.host_cache import TieredFeatures, opened_features, worker_features
 from lightning_mqgnn.pipeline.packing import PackedBatch, SlotArena, pack_batch, packed_nbytes, unpack_batch
 from lightning_mqgnn.pipeline.produce import sample_batch
 from lightning_mqgnn.sampling.base import Sampler
@@ -128,7 +129,7 @@ def _parent_gone(ppid: int) -> bool:
 def _worker_main(
     worker_id: int,
     sampler: Sampler,
-    features: Tensor | MappedArray,
+    features: Tensor | MappedArray | TieredFeatures,
     labels: Tensor | MappedArray,
     cache_slot: Tensor | None,
     input_aggregation: str | None,
@@ -144,7 +145,7 @@ def _worker_main(
     ignore_parent_signals()  # the parent handles them and stops us
     ppid = os.getppid()
     torch.set_num_threads(num_threads)
-    features, labels = opened(features), opened(labels)
+    features, labels = opened_features(features), opened(labels)
     # Every lent slot stays referenced here: torch then finds its mapping in the shared-storage
     # cache when the slot comes back with a later task, instead of mapping (and page-faulting)
     # it again, which would cost more than the gather itself.
@@ -231,7 +232,7 @@ class SamplerWorkerPool:
     def __init__(
         self,
         sampler: Sampler,
-        features: Tensor,
+        features: Tensor | TieredFeatures,
         labels: Tensor,
         num_workers: int,
         cache_slot: Tensor | None = None,
@@ -290,9 +291,10 @@ class SamplerWorkerPool:
         self._in_flight_per = [0] * self.num_workers
         self._slots_sent = [{} for _ in range(self.num_workers)]
         # a memory-mapped array goes as its file, mapped again there: the page cache is shared
-        features = mapped_source(self.features) or self.features
+        features = worker_features(self.features)
         labels = mapped_source(self.labels) or self.labels
-        for t in (features, labels, self.cache_slot):
+        disk = features.disk if isinstance(features, TieredFeatures) else features
+        for t in (disk, labels, self.cache_slot):
             if isinstance(t, Tensor) and not t.is_shared():
                 t.share_memory_()  # in place: a refresh of the cache slots stays visible to workers
         for i in range(self.num_workers):

@@ -1,6 +1,6 @@
 """``recipes/convert.py`` and ``data=ondisk``: a converted dataset trains as its in-memory original
-does, through the sequential loader, spawned pipeline workers, the GNS cache, LABOR and two ranks,
-and every bad input is one line."""
+does, through the sequential loader, spawned pipeline workers, the GNS cache, LABOR, a host tier
+of its rows and two ranks, and every bad input is one line."""
 
 from __future__ import annotations
 
@@ -54,6 +54,29 @@ def test_an_ondisk_dataset_trains_as_its_in_memory_original(converted, tmp_path,
         tmp_path / "disk", "data=ondisk", f"data.path={converted}", "data.resident_gb=0.05", *common
     )
     assert _scores(on_disk) == _scores(in_memory)
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        ("loader=sequential", "loader.host_cache_policy=degree"),
+        ("loader=pipeline", "loader.num_workers=2", "loader.producer=workers"),
+        ("model=sage_gns",),
+    ],
+    ids=["sequential_degree", "workers_walk", "gns_walk"],
+)
+def test_a_host_tier_of_feature_rows_trains_as_the_features_alone(converted, tmp_path, setup):
+    """The tier holds a third of the rows or so; what it serves is the same values, so the
+    batches and the scores stay those of the in-memory run without it."""
+    common = ("trainer.max_epochs=2", *setup)
+    in_memory = run_recipe(tmp_path / "memory", *SMALL, *common)
+    on_disk = run_recipe(
+        tmp_path / "disk", "data=ondisk", f"data.path={converted}", "loader.host_cache_gb=0.0005", *common
+    )
+    assert _scores(on_disk) == _scores(in_memory)
+    held = float(result_fields(on_disk.stdout)["host_cache_hit_rate"])
+    assert 0 < held < 1
+    assert "host_cache_hit_rate" not in result_fields(in_memory.stdout)
 
 
 @pytest.mark.distributed

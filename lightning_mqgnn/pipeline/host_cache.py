@@ -1,0 +1,141 @@
+"""The host tier of features read from disk: the rows most batches read, held in memory.
+
+Features on disk (``data=ondisk``) are read through a mapping, and the page cache keeps what was
+read in pages of 4 KiB. A row is a fraction of a page (128 float32 features: 512 bytes), and a
+batch reads rows at random, so every hot row the page cache keeps drags the cold rows of its
+page with it: the page cache holds a few hot rows per page it spends. ``HostRowCache`` holds
+rows, not pages: a budget of ``budget_gb`` holds that many GB of chosen rows, in shared memory
+(the sampler workers read it without a copy), drawn once before training. The gather stage
+(``TieredFeatures``) takes each row it needs from the host tier when it is there and from the
+disk otherwise; the values are the same, so training is the same batch for batch.
+
+Which rows (``policy``), each the expected count of a node among a batch's input rows:
+
+- ``"degree"``: how many in-edges the node is the source of (``CSRGraph.source_counts``), which
+  a sampler that reads every in-edge of its frontier meets in proportion to.
+- ``"walk"``: the mass of short walks from the training set down the sampler's fan-outs (eq.
+  15-16 of the MQ-GNN paper, the GNS cache's distribution, ``random_walk_distribution``): it
+  also counts how near the training nodes a node lies. BENCHMARKS.md measures the two against
+  each other and against the page cache alone.
+
+Both are static: the rows are chosen once, and a batch never writes the tier, so the workers
+share it with no locking. A row that the device cache (GNS) serves never reaches this tier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from lightning_mqgnn.graph.dataset import GraphDataset
+from lightning_mqgnn.graph.mapped_pages import MappedArray, mapped_source, opened, prefetch_rows, read_rows
+from lightning_mqgnn.sampling.feature_cache import random_walk_distribution
+
+POLICIES = ("degree", "walk")
+READ_ROWS = 1 << 16  # rows per read while the tier is filled: the file is read in order, once
+
+
+@dataclass
+class HostRowCache:
+    """The host tier: ``rows[i]`` is the feature row of node ``nodes[i]`` (ids ascending)."""
+
+    nodes: Tensor  # int64 [M], sorted
+    rows: Tensor  # [M, F], the features' dtype, in shared memory
+    policy: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.numel() * self.rows.element_size()
+
+    def positions(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """``(hit, pos)``: which ``ids`` the tier holds, and their rows in it (where ``hit``). A
+        binary search in ``nodes``: no table over all nodes."""
+        pos = torch.searchsorted(self.nodes, ids).clamp_(max=max(self.nodes.numel() - 1, 0))
+        return self.nodes.index_select(0, pos) == ids, pos
+
+
+def host_row_cache(
+    dataset: GraphDataset, budget_gb: float, policy: str = "walk", fanouts: list[int] | None = None
+) -> HostRowCache:
+    """The ``budget_gb`` GB of ``dataset``'s feature rows that ``policy`` ranks first (module
+    docstring), read from its features in one pass in row order. ``fanouts`` (input layer first)
+    weight the walk policy's steps as the sampler draws; None: every neighbour."""
+    if policy not in POLICIES:
+        raise ValueError(f"host cache policy must be one of {POLICIES}, got {policy!r}")
+    if not budget_gb > 0:
+        raise ValueError(f"host cache budget must be a positive number of GB, got {budget_gb}")
+    graph, features = dataset.graph, dataset.features
+    row_bytes = features[0].numel() * features.element_size()
+    capacity = min(graph.num_nodes, int(budget_gb * 1e9) // row_bytes)
+    if capacity == 0:
+        raise ValueError(f"host cache budget {budget_gb} GB holds no row of {row_bytes} bytes")
+    if policy == "degree":
+        score = graph.source_counts().to(torch.float64)
+    else:
+        layers = fanouts if fanouts is not None else [-1, -1]
+        score = random_walk_distribution(graph, dataset.train_idx, layers)
+    nodes = torch.sort(torch.topk(score, capacity, sorted=False).indices).values
+    rows = torch.empty((capacity, *features.shape[1:]), dtype=features.dtype).share_memory_()
+    bounds = torch.searchsorted(nodes, torch.arange(0, graph.num_nodes + READ_ROWS, READ_ROWS))
+    for i, start in enumerate(range(0, graph.num_nodes, READ_ROWS)):
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        if hi > lo:
+            block = read_rows(features, start, min(start + READ_ROWS, graph.num_nodes))
+            torch.index_select(block, 0, nodes[lo:hi] - start, out=rows[lo:hi])
+    return HostRowCache(nodes.share_memory_(), rows, policy)
+
+
+@dataclass
+class TieredFeatures:
+    """A feature matrix read through two tiers: ``host`` first, ``disk`` (the mapped features,
+    or where they lie, ``MappedArray``, on the way to a worker) for the rest."""
+
+    host: HostRowCache
+    disk: Tensor | MappedArray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.disk.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.host.rows.dtype
+
+    def for_workers(self) -> TieredFeatures:
+        """What goes to a sampler worker: the disk part as its file where it is mapped."""
+        return replace(self, disk=mapped_source(self.disk) or self.disk)
+
+    def opened(self) -> TieredFeatures:
+        """In a worker: the disk part mapped here."""
+        return replace(self, disk=opened(self.disk))
+
+    def read(self, ids: Tensor, out: Tensor | None = None) -> Tensor:
+        """``features[ids]``: the rows the host tier holds from it, the others from the disk
+        (their reads asked for together, ``prefetch_rows``)."""
+        hit, pos = self.host.positions(ids)
+        out = torch.empty((ids.numel(), *self.shape[1:]), dtype=self.dtype) if out is None else out
+        miss = torch.nonzero(~hit).squeeze(1)
+        missing = ids.index_select(0, miss)
+        prefetch_rows(self.disk, missing)
+        found = torch.nonzero(hit).squeeze(1)
+        out.index_copy_(0, found, self.host.rows.index_select(0, pos.index_select(0, found)))
+        out.index_copy_(0, miss, self.disk.index_select(0, missing))
+        return out
+
+    def hits(self, ids: Tensor) -> int:
+        """How many of ``ids`` the host tier holds."""
+        return int(self.host.positions(ids)[0].sum())
+
+
+def worker_features(features: Tensor | TieredFeatures) -> Tensor | MappedArray | TieredFeatures:
+    """``features`` as sent to a sampler worker: mapped arrays as their files (``MappedArray``)."""
+    if isinstance(features, TieredFeatures):
+        return features.for_workers()
+    return mapped_source(features) or features
+
+
+def opened_features(features: Tensor | MappedArray | TieredFeatures) -> Tensor | TieredFeatures:
+    """In a worker: what ``worker_features`` sent, mapped here."""
+    return features.opened() if isinstance(features, TieredFeatures) else opened(features)

@@ -1,0 +1,95 @@
+"""The host tier of features on disk: each policy holds the rows it ranks first within its
+budget, reads through the tiers give the feature rows themselves, in the training process and
+in sampler workers, and bad settings are one clear error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_mqgnn.graph import generate_graph
+from lightning_mqgnn.graph.ondisk import open_dataset, write_dataset
+from lightning_mqgnn.pipeline.gather import batch_gathers
+from lightning_mqgnn.pipeline.host_cache import TieredFeatures, host_row_cache
+from lightning_mqgnn.pipeline.workers import SamplerWorkerPool
+from lightning_mqgnn.sampling.feature_cache import random_walk_distribution
+from lightning_mqgnn.sampling.neighbor import NeighborSampler
+
+
+@pytest.fixture(scope="module")
+def on_disk(tmp_path_factory):
+    ds = generate_graph(preset="arxiv", scale=0.01, seed=3)
+    return ds, open_dataset(write_dataset(ds, tmp_path_factory.mktemp("host") / "ds"))
+
+
+@pytest.mark.parametrize("policy", ["degree", "walk"])
+def test_a_policy_holds_the_rows_it_ranks_first_within_the_budget(on_disk, policy):
+    ds, mapped = on_disk
+    row_bytes = ds.features.shape[1] * 4
+    budget_gb = 100.5 * row_bytes / 1e9  # room for 100 rows and half of one
+    cache = host_row_cache(mapped, budget_gb, policy, [5, 5])
+    assert cache.nodes.numel() == 100 and cache.nbytes == 100 * row_bytes
+    assert torch.equal(cache.nodes, torch.sort(cache.nodes).values)
+    assert torch.equal(cache.rows, ds.features[cache.nodes])  # read from the file, the same rows
+    assert cache.rows.is_shared() and cache.nodes.is_shared()
+    if policy == "degree":
+        score = torch.bincount(ds.graph.indices, minlength=ds.graph.num_nodes).to(torch.float64)
+    else:
+        score = random_walk_distribution(ds.graph, ds.train_idx, [5, 5])
+    held = torch.zeros(ds.graph.num_nodes, dtype=torch.bool)
+    held[cache.nodes] = True
+    assert float(score[held].min()) >= float(score[~held].max())  # no row left out ranks higher
+
+
+def test_reads_through_the_tiers_are_the_feature_rows(on_disk):
+    ds, mapped = on_disk
+    cache = host_row_cache(mapped, 300 * 512 / 1e9, "degree")
+    tiered = TieredFeatures(cache, mapped.features)
+    ids = torch.randint(0, ds.graph.num_nodes, (2000,), generator=torch.Generator().manual_seed(0))
+    ids[:50] = cache.nodes[:50]  # some certainly held
+    ids[50:60] = ids[0]  # repeats
+    assert torch.equal(tiered.read(ids), ds.features[ids])
+    out = torch.full((ids.numel(), ds.features.shape[1]), float("nan"))
+    tiered.read(ids, out=out)
+    assert torch.equal(out, ds.features[ids])
+    assert tiered.hits(ids) == int(torch.isin(ids, cache.nodes).sum()) >= 60
+    assert tiered.read(ids[:0]).shape == (0, ds.features.shape[1])
+    everything = host_row_cache(mapped, 1.0, "walk")  # a budget above the features: all of them
+    assert everything.nodes.numel() == ds.graph.num_nodes
+    assert TieredFeatures(everything, mapped.features).hits(ids) == ids.numel()
+
+
+@pytest.mark.parametrize("aggregation", [None, "mean"], ids=["rows", "aggregated"])
+def test_a_worker_gathers_through_the_tiers_what_the_features_give(on_disk, aggregation):
+    ds, mapped = on_disk
+    sampler = NeighborSampler(mapped.graph, [4, 4])
+    tiered = TieredFeatures(host_row_cache(mapped, 500 * 512 / 1e9, "walk", [4, 4]), mapped.features)
+    seeds = ds.train_idx[:64]
+    pool = SamplerWorkerPool(sampler, tiered, mapped.labels, 1, input_aggregation=aggregation)
+    pool.start()
+    try:
+        pool.submit(0, 0, seeds, 7)
+        got = pool.get(timeout=60).batch
+    finally:
+        pool.stop()
+    expect = sampler_batch(sampler, seeds, 7)
+    want = batch_gathers(expect, ds.features, ds.labels, None, aggregation)
+    name = "aggregated" if aggregation else "features"
+    assert torch.equal(getattr(got, name), want[name].value())
+    assert 0 < got.meta["host_hits"] < got.meta["host_reads"] == expect.input_nodes.numel()
+
+
+def sampler_batch(sampler, seeds, rng_seed):
+    from lightning_mqgnn.pipeline.produce import sample_batch
+
+    return sample_batch(sampler, seeds, rng_seed, 0)
+
+
+def test_bad_host_cache_settings_are_one_clear_error(on_disk):
+    _, mapped = on_disk
+    with pytest.raises(ValueError, match=r"policy must be one of \('degree', 'walk'\), got 'lru'"):
+        host_row_cache(mapped, 0.001, "lru")
+    with pytest.raises(ValueError, match="positive number of GB, got -1"):
+        host_row_cache(mapped, -1, "walk")
+    with pytest.raises(ValueError, match="holds no row of 512 bytes"):
+        host_row_cache(mapped, 1e-7, "walk")
