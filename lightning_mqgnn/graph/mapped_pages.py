@@ -24,7 +24,7 @@ before it asks for the next, so the disk serves one request at a time however ma
 serve at once (a cloud SSD: 10k random reads/s to one reader, 62k/s to sixteen). ``prefetch_rows``
 first asks the kernel for every page the rows lie on (``MADV_WILLNEED``, which starts the reads
 and returns), so the reads of a batch are in flight together and the gather then waits for the
-slowest, not for their sum.
+slowest, not for their sum; for the files read at random, those the page cache cannot hold.
 """
 
 from __future__ import annotations
@@ -86,25 +86,30 @@ class MappedArray:
 
 
 _sources: dict[int, MappedArray] = {}  # a mapped tensor's first byte -> where it lies
-_mappings: dict[int, weakref.ref[mmap.mmap]] = {}  # a mapped tensor's first byte -> its mapping
+_random_mappings: dict[int, weakref.ref[mmap.mmap]] = {}  # first byte -> mapping read at random
 
 
-def read_rows(t: Tensor, start: int, end: int) -> Tensor:
+def read_rows(t: Tensor, start: int, end: int, keep_cached: bool = True) -> Tensor:
     """Rows ``[start, end)`` of ``t``. For a tensor ``map_array`` mapped, read through its file
     into memory: ``read`` calls get the kernel's sequential readahead, which a mapping advised
     ``MADV_RANDOM`` does not (a pass over one would read a page per fault), and ``MADV_WILLNEED``
-    reads no more than the readahead window. Else a view of ``t``."""
+    reads no more than the readahead window. Else a view of ``t``.
+
+    ``keep_cached=False``: for a file read at random (``MADV_RANDOM``), drop the pages this read
+    from the page cache (``POSIX_FADV_DONTNEED``), for a pass that wants rows the batches will
+    not read from the file: a pass over all of it would otherwise leave the page cache full of
+    its pages, in place of those the batches read."""
     source = _sources.get(t.data_ptr())
     if source is None or tuple(t.shape) != source.shape:
         return t[start:end]
     dtype = np.dtype(source.dtype)
     row = math.prod(source.shape[1:])
-    array = np.fromfile(
-        source.path,
-        dtype=dtype,
-        count=(end - start) * row,
-        offset=source.offset + start * row * dtype.itemsize,
-    )
+    first, count = source.offset + start * row * dtype.itemsize, (end - start) * row
+    with open(source.path, "rb") as f:
+        f.seek(first)
+        array = np.fromfile(f, dtype=dtype, count=count)
+        if not keep_cached and t.data_ptr() in _random_mappings:
+            os.posix_fadvise(f.fileno(), first, count * dtype.itemsize, os.POSIX_FADV_DONTNEED)
     return torch.from_numpy(array.reshape((end - start, *source.shape[1:])))
 
 
@@ -135,7 +140,8 @@ def map_array(path: Path, offset: int, dtype: np.dtype, shape: tuple[int, ...]) 
             mapping = mmap.mmap(f.fileno(), 0, flags=flags, prot=prot)
         else:
             mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    if mapping.size() > RANDOM_ACCESS_SHARE * psutil.virtual_memory().total:
+    random_access = mapping.size() > RANDOM_ACCESS_SHARE * psutil.virtual_memory().total
+    if random_access:
         # a file the page cache cannot hold is read at random: the kernel's readahead would read
         # around every fault pages that are evicted before a batch touches them
         mapping.madvise(mmap.MADV_RANDOM)
@@ -146,21 +152,23 @@ def map_array(path: Path, offset: int, dtype: np.dtype, shape: tuple[int, ...]) 
     tensor = torch.from_numpy(array)
     address = tensor.data_ptr()
     _sources[address] = MappedArray(Path(path), offset, np.dtype(dtype).name, tuple(shape))
-    _mappings[address] = weakref.ref(mapping)
+    if random_access:
+        _random_mappings[address] = weakref.ref(mapping)
+        weakref.finalize(mapping, _random_mappings.pop, address, None)
     weakref.finalize(mapping, _sources.pop, address, None)
-    weakref.finalize(mapping, _mappings.pop, address, None)
     return tensor
 
 
 def prefetch_rows(t: Tensor, rows: Tensor, counts: Tensor | None = None) -> int:
     """Start reading the pages that ``t[rows]`` lies on (with ``counts``: the runs
     ``t[rows[i] : rows[i] + counts[i]]``, such as whole CSR rows of ``indices``), for a tensor
-    ``map_array`` mapped (a view of the whole array). Returns the number of ``madvise`` calls: 0
-    for any other tensor, which this leaves alone.
+    ``map_array`` mapped and advised ``MADV_RANDOM`` (a view of the whole array). Returns the
+    number of ``madvise`` calls: 0 for any other tensor, which this leaves alone. A file the page
+    cache can hold is left out: after its first reads it is served from there, and the calls
+    would cost more than they save (a batch asks for about as many pages as it reads rows).
 
-    The pages are merged into runs of consecutive pages, one call each. Pages already in the page
-    cache cost nothing but the call."""
-    ref = _mappings.get(t.data_ptr())
+    The pages are merged into runs of consecutive pages, one call each."""
+    ref = _random_mappings.get(t.data_ptr())
     source = _sources.get(t.data_ptr())
     mapping = None if ref is None else ref()
     if mapping is None or source is None or tuple(t.shape) != source.shape or rows.numel() == 0:

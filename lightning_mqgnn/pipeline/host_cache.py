@@ -60,7 +60,8 @@ def host_row_cache(
     dataset: GraphDataset, budget_gb: float, policy: str = "walk", fanouts: list[int] | None = None
 ) -> HostRowCache:
     """The ``budget_gb`` GB of ``dataset``'s feature rows that ``policy`` ranks first (module
-    docstring), read from its features in one pass in row order. ``fanouts`` (input layer first)
+    docstring), read from its features in one pass in row order, which leaves none of its pages in
+    the page cache where the file is read at random (``read_rows(keep_cached=False)``). ``fanouts`` (input layer first)
     weight the walk policy's steps as the sampler draws; None: every neighbour."""
     if policy not in POLICIES:
         raise ValueError(f"host cache policy must be one of {POLICIES}, got {policy!r}")
@@ -82,7 +83,9 @@ def host_row_cache(
     for i, start in enumerate(range(0, graph.num_nodes, READ_ROWS)):
         lo, hi = int(bounds[i]), int(bounds[i + 1])
         if hi > lo:
-            block = read_rows(features, start, min(start + READ_ROWS, graph.num_nodes))
+            # the batches read the other rows of these pages from the disk, if at all: the pass
+            # leaves the page cache to the pages they read
+            block = read_rows(features, start, min(start + READ_ROWS, graph.num_nodes), keep_cached=False)
             torch.index_select(block, 0, nodes[lo:hi] - start, out=rows[lo:hi])
     return HostRowCache(nodes.share_memory_(), rows, policy)
 

@@ -19,11 +19,13 @@ bounded and no validation:
    page cache first, ``posix_fadvise(DONTNEED)``, which needs no privileges). Each fit is
    ``--epochs`` epochs with one validation per epoch and no test. Reported per run: batches per
    second (training time only), the batch time, the training process's peak RSS (``VmHWM``),
-   the MB the machine read from its disks during the run (``/sys/block/*/stat``: sampler workers
-   and the validation pass, which reads every feature row, included) and the metrics, which
-   must agree between memory and disk (the same batches). Memory: the training process's peak
-   RSS, and the peak of the PSS of it and its sampler workers summed (``tree_pss_mb``), which
-   counts once the pages they share.
+   the MB the machine read from its disks during the run (``/sys/block/*/stat``: sampler
+   workers, the validation pass, which reads every feature row, and the setup's passes over the
+   files, such as a host tier's fill, included), the metrics, which must agree between memory
+   and disk (the same batches), and the share of the rows read that the GNS cache and the host
+   tier (``loader.host_cache_gb``) held. Memory: the training process's peak RSS, and the peak
+   of the PSS of it and its sampler workers summed (``tree_pss_mb``), which counts once the
+   pages they share.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ def fit(data_overrides: list[str], loader: str, epochs: int, extra: list[str] = 
         rows=float(fields["feature_rows_per_batch"]),
         row_mb=float(fields["feature_mb_per_batch"]),
         cache_hit_rate=fields.get("cache_hit_rate", "-"),
+        host_hit_rate=fields.get("host_cache_hit_rate", "-"),
     )
 
 
@@ -141,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [
             "| model | loader | data | page cache | epoch s | batches / s | vs in memory | batch ms "
             "| peak RSS MB | peak PSS MB, all processes | MB read from disk | MB read per batch "
-            "| feature rows (MB) per batch | GNS cache hit rate | val |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| feature rows (MB) per batch | GNS cache hit rate | host tier hit rate | val |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for model in args.models.split(","):
             for loader in args.loaders.split(","):
@@ -161,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{r['batches_per_s']:.2f} | {ratio} | {r['batch_ms']:.1f} | "
                         f"{r['peak_rss_mb']:,.0f} | {r['peak_pss_mb']:,.0f} | {r['read_mb']:,.0f} | "
                         f"{r['read_mb'] / r['batches']:.2f} | "
-                        f"{r['rows']:,.0f} ({r['row_mb']:.2f}) | {r['cache_hit_rate']} | {r['val']} |"
+                        f"{r['rows']:,.0f} ({r['row_mb']:.2f}) | {r['cache_hit_rate']} | {r['host_hit_rate']} | {r['val']} |"
                     )
                     print(rows[-1], flush=True)
     write_report(

@@ -144,12 +144,13 @@ def _resident_pages(t: torch.Tensor, offset: int, nbytes: int) -> set[int]:
     return {i for i in range(pages) if vec[i] & 1}
 
 
-def test_prefetch_reads_the_pages_of_the_rows_asked_for_and_no_others(tmp_path):
+def test_prefetch_reads_the_pages_of_the_rows_asked_for_and_no_others(tmp_path, monkeypatch):
     import os
     import time
 
     import numpy as np
 
+    from lightning_mqgnn.graph import mapped_pages
     from lightning_mqgnn.graph.mapped_pages import map_array, prefetch_rows
 
     offset, rows, width = 128, 4096, 256  # float32 rows of 1 KiB after a header: some straddle pages
@@ -161,6 +162,9 @@ def test_prefetch_reads_the_pages_of_the_rows_asked_for_and_no_others(tmp_path):
         os.fsync(f.fileno())
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages leave the cache
     size = path.stat().st_size
+    fits = map_array(path, offset, np.dtype(np.float32), (rows, width))
+    assert prefetch_rows(fits, torch.tensor([5])) == 0  # the page cache can hold it: left alone
+    monkeypatch.setattr(mapped_pages, "RANDOM_ACCESS_SHARE", 0.0)  # as if larger than the memory
     t = map_array(path, offset, np.dtype(np.float32), (rows, width))
     assert _resident_pages(t, offset, size) == set()
 
@@ -177,3 +181,26 @@ def test_prefetch_reads_the_pages_of_the_rows_asked_for_and_no_others(tmp_path):
     assert prefetch_rows(t, torch.tensor([10, 12]), counts=torch.tensor([20, 3])) == 1
     assert prefetch_rows(t, torch.tensor([10]), counts=torch.tensor([0])) == 0  # an empty row
     assert prefetch_rows(torch.from_numpy(values), torch.tensor([1])) == 0  # not mapped: left alone
+
+
+def test_a_pass_that_keeps_no_pages_leaves_the_page_cache_as_it_was(tmp_path, monkeypatch):
+    import os
+
+    import numpy as np
+
+    from lightning_mqgnn.graph import mapped_pages
+    from lightning_mqgnn.graph.mapped_pages import map_array, read_rows
+
+    values = np.arange(4096 * 256, dtype=np.float32).reshape(4096, 256)
+    path = tmp_path / "rows.bin"
+    values.tofile(path)
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    monkeypatch.setattr(mapped_pages, "RANDOM_ACCESS_SHARE", 0.0)  # read at random
+    t = map_array(path, 0, np.dtype(np.float32), values.shape)
+    size = path.stat().st_size
+    assert torch.equal(read_rows(t, 100, 900, keep_cached=False), torch.from_numpy(values[100:900]))
+    assert _resident_pages(t, 0, size) == set()
+    assert torch.equal(read_rows(t, 100, 900), torch.from_numpy(values[100:900]))
+    assert len(_resident_pages(t, 0, size)) >= 200  # kept: the 200 pages of rows 100-899
