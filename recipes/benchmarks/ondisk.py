@@ -16,7 +16,9 @@ bounded and no validation:
 2. **Train**, one fresh process per run, one at a time (a timing: run it on a quiet machine), for
    each ``--loaders`` entry: ``data=<--data>`` in memory; ``data=ondisk`` with a **warm** page
    cache (every file read once just before); and **cold** (every file's pages dropped from the
-   page cache first, ``posix_fadvise(DONTNEED)``, which needs no privileges). Each fit is
+   page cache first, ``posix_fadvise(DONTNEED)``, which needs no privileges); ``topology`` drops
+   them and reads the topology's files (a graph whose edges fit in the page cache, its features
+   not). Each fit is
    ``--epochs`` epochs with one validation per epoch and no test. Reported per run: batches per
    second (training time only), the batch time, the training process's peak RSS (``VmHWM``),
    the MB the machine read from its disks during the run (``/sys/block/*/stat``: sampler
@@ -56,11 +58,19 @@ def disk_read_bytes() -> int:
     return total
 
 
-def set_page_cache(folder: Path, warm: bool) -> None:
-    """Read every file of ``folder`` (warm) or drop its pages from the page cache (cold)."""
+CACHE_STATES = ("warm", "cold", "topology")
+TOPOLOGY_FILES = ("indptr.npy", "indices.npy")
+
+
+def set_page_cache(folder: Path, state: str) -> None:
+    """Read every file of ``folder`` (``warm``), drop its pages from the page cache (``cold``), or
+    drop them and read the topology's files (``topology``: the regime of a graph whose edges fit
+    in the page cache and whose features do not)."""
+    if state not in CACHE_STATES:
+        raise ValueError(f"page cache state must be one of {CACHE_STATES}, got {state!r}")
     for path in sorted(folder.iterdir()):
         with open(path, "rb") as f:
-            if warm:
+            if state == "warm" or (state == "topology" and path.name in TOPOLOGY_FILES):
                 while f.read(64 << 20):
                     pass
             else:
@@ -127,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--existing", action="store_true", help="--folder holds it already: no conversion")
     parser.add_argument("--no-memory", action="store_true", help="no in-memory run (it would not fit)")
-    parser.add_argument("--caches", default="warm,cold", help="page cache states of the on-disk runs")
+    parser.add_argument(
+        "--caches", default="warm,cold", help="page cache states of the on-disk runs: warm, cold, topology"
+    )
     parser.add_argument("--loaders", default="sequential,pipeline")
     parser.add_argument("--models", default="sage")
     parser.add_argument("--overrides", default="", help="more recipe overrides of the on-disk runs")
@@ -154,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                     memory = fit([f"data={args.data}", f"model={model}"], loader, args.epochs)
                     runs.append(("in memory", "-", memory))
                 for cache in args.caches.split(","):
-                    set_page_cache(folder, warm=cache == "warm")
+                    set_page_cache(folder, cache)
                     on_disk = ["data=ondisk", f"data.path={folder}", f"model={model}"]
                     runs.append(("on disk", cache, fit(on_disk, loader, args.epochs, extra)))
                 for where, cache, r in runs:
