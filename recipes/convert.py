@@ -62,5 +62,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    exit_on_unknown_config_names(sys.argv[1:])
+    exit_on_unknown_config_names(sys.argv[1:], "convert")
     main()

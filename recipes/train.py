@@ -531,10 +531,32 @@ def config_error_line(err: InstantiationException | OmegaConfBaseException) -> s
     return str(err.__cause__ or err).splitlines()[0]
 
 
-def exit_on_unknown_config_names(argv: list[str]) -> None:
-    """``check_config_names`` as a script's first step: one ``error:`` line and exit code 2."""
+def check_config_keys(argv: list[str], config_name: str) -> None:
+    """Reject an override of a key the configuration does not have (``data.pth=...``), which
+    Hydra reports in six lines: the configuration is composed once with the overrides (Hydra's
+    compose API, the same rules as the run's), and only that error is turned into one line; any
+    other problem is left to Hydra. Sweeps (``-m``, comma lists) are left alone."""
+    overrides = [a for a in argv if "=" in a and not a.startswith(("-", "hydra"))]
+    if not overrides or any(a in ("-m", "--multirun") for a in argv):
+        return
+    with hydra.initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        try:
+            hydra.compose(config_name=config_name, overrides=overrides)
+        except Exception as err:  # whatever else failed, Hydra reports it in the run
+            match = re.match(r"Could not override '([^']+)'", str(err))
+            if match and "not in struct" in str(err.__cause__ or ""):
+                key = match.group(1)
+                raise RecipeError(
+                    f"{key}: no such config key (to add a key the config lacks: +{key}=...)"
+                ) from err
+
+
+def exit_on_unknown_config_names(argv: list[str], config_name: str = "config") -> None:
+    """``check_config_names`` and ``check_config_keys`` as a script's first step: one
+    ``error:`` line and exit code 2."""
     try:
         check_config_names(argv)
+        check_config_keys(argv, config_name)
     except RecipeError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)

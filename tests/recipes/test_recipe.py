@@ -36,6 +36,12 @@ def test_unknown_config_name_is_one_error_line(tmp_path):
     assert "sage" in line  # lists the available options
 
 
+def test_an_override_of_a_key_the_config_lacks_is_one_error_line(tmp_path):
+    proc = run_recipe(tmp_path, "data=cora", "data.pth=/data/cora.npz")
+    assert_one_error_line(proc, "data.pth: no such config key", "+data.pth=")
+    assert "not in struct" not in proc.stderr  # Hydra's own report is not printed
+
+
 def write_npz(path, **overrides):
     n = 6
     arrays = dict(
