@@ -535,7 +535,7 @@ def check_config_keys(argv: list[str], config_name: str) -> None:
     """Reject an override of a key the configuration does not have (``data.pth=...``), which
     Hydra reports in six lines: the configuration is composed once with the overrides (Hydra's
     compose API, the same rules as the run's), and only that error is turned into one line; any
-    other problem is left to Hydra. Sweeps (``-m``, comma lists) are left alone."""
+    other problem is left to Hydra. Sweeps (``-m``) are left alone."""
     overrides = [a for a in argv if "=" in a and not a.startswith(("-", "hydra"))]
     if not overrides or any(a in ("-m", "--multirun") for a in argv):
         return

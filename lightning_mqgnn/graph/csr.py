@@ -8,7 +8,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_mqgnn.graph.mapped_pages import MappedArray, mapped_source, prefetch_rows, read_rows
+from lightning_mqgnn.graph.mapped_pages import (
+    MappedArray,
+    mapped_source,
+    prefetch_rows,
+    read_at_random,
+    read_rows,
+)
 
 ROW_CHUNK_EDGES = 1 << 24  # 128 MiB of int64 sources per ``row_chunks`` chunk
 
@@ -68,9 +74,9 @@ class CSRGraph:
     def prefetch_rows(self, nodes: Tensor) -> None:
         """On a graph mapped from disk, start reading the in-edges of ``nodes`` before a sampler
         reads them (``mapped_pages.prefetch_rows``), so their reads are in flight together;
-        nothing for a graph in memory."""
-        if mapped_source(self.indices) is None or nodes.numel() == 0:
-            return
+        nothing for a graph in memory or whose topology the page cache can hold."""
+        if nodes.numel() == 0 or not read_at_random(self.indices):
+            return  # in memory, or in the page cache after its first reads
         prefetch_rows(self.indptr, torch.cat([nodes, nodes + 1]))
         starts = self.indptr.index_select(0, nodes)
         prefetch_rows(self.indices, starts, self.indptr.index_select(0, nodes + 1) - starts)

@@ -52,6 +52,7 @@ __all__ = [
     "mapped_source",
     "opened",
     "prefetch_rows",
+    "read_at_random",
     "release_mapped_pages",
     "resident_file_bytes",
     "read_rows",
@@ -159,6 +160,14 @@ def map_array(path: Path, offset: int, dtype: np.dtype, shape: tuple[int, ...]) 
     return tensor
 
 
+def read_at_random(t: Tensor) -> bool:
+    """Whether ``t`` is an array ``map_array`` mapped from a file advised ``MADV_RANDOM`` (larger
+    than ``RANDOM_ACCESS_SHARE`` of the memory): the arrays ``prefetch_rows`` reads ahead."""
+    ref = _random_mappings.get(t.data_ptr())
+    source = _sources.get(t.data_ptr())
+    return ref is not None and ref() is not None and source is not None and tuple(t.shape) == source.shape
+
+
 def prefetch_rows(t: Tensor, rows: Tensor, counts: Tensor | None = None) -> int:
     """Start reading the pages that ``t[rows]`` lies on (with ``counts``: the runs
     ``t[rows[i] : rows[i] + counts[i]]``, such as whole CSR rows of ``indices``), for a tensor
@@ -168,11 +177,9 @@ def prefetch_rows(t: Tensor, rows: Tensor, counts: Tensor | None = None) -> int:
     would cost more than they save (a batch asks for about as many pages as it reads rows).
 
     The pages are merged into runs of consecutive pages, one call each."""
-    ref = _random_mappings.get(t.data_ptr())
-    source = _sources.get(t.data_ptr())
-    mapping = None if ref is None else ref()
-    if mapping is None or source is None or tuple(t.shape) != source.shape or rows.numel() == 0:
+    if rows.numel() == 0 or not read_at_random(t):
         return 0
+    source, mapping = _sources[t.data_ptr()], _random_mappings[t.data_ptr()]()
     row_bytes = np.dtype(source.dtype).itemsize * math.prod(source.shape[1:])
     first = source.offset + rows.cpu().numpy().astype(np.int64, copy=False) * row_bytes
     length = row_bytes if counts is None else counts.cpu().numpy().astype(np.int64, copy=False) * row_bytes

@@ -75,28 +75,6 @@ class InputAggregation:
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
-@dataclass
-class TieredRowGather:
-    """``RowGather`` through two tiers: ``features.read(rows)``."""
-
-    features: TieredFeatures
-    rows: Tensor
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (self.rows.numel(), *self.features.shape[1:])
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.features.dtype
-
-    def write(self, out: Tensor) -> None:
-        self.features.read(self.rows, out=out)
-
-    def value(self) -> Tensor:
-        return self.features.read(self.rows)
-
-
 def batch_gathers(
     batch: MiniBatch,
     features: Tensor | TieredFeatures,
@@ -120,8 +98,6 @@ def batch_gathers(
     if aggregate:
         with_self = input_aggregation == "mean"
         inputs = {"aggregated": InputAggregation(features, batch.blocks[0], batch.input_nodes, with_self)}
-    elif isinstance(features, TieredFeatures):
-        inputs = {"features": TieredRowGather(features, rows)}
     else:
         inputs = {"features": RowGather(features, rows)}
     prefetch_rows(labels, batch.output_nodes)

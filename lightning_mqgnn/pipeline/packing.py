@@ -20,7 +20,7 @@ import math
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from torch import Tensor
 
 from lightning_mqgnn.pipeline.transfer import pin_in_place
 from lightning_mqgnn.sampling.batch import BLOCK_TENSORS, Block, MiniBatch
+
+if TYPE_CHECKING:
+    from lightning_mqgnn.pipeline.host_cache import TieredFeatures
 
 _ALIGN = 64
 _BATCH_TENSORS = ("input_nodes", "output_nodes", "features", "labels", "cache_slots", "aggregated")
@@ -50,9 +53,10 @@ class Deferred(Protocol):
 
 @dataclass
 class RowGather:
-    """A gather left to the packer: ``source[rows]`` is written straight into the buffer."""
+    """A gather left to the packer: ``source[rows]`` is written straight into the buffer. A
+    ``TieredFeatures`` source (``pipeline/host_cache.py``) reads them through its tiers."""
 
-    source: Tensor
+    source: Tensor | TieredFeatures
     rows: Tensor
 
     @property
@@ -64,12 +68,17 @@ class RowGather:
         return self.source.dtype
 
     def write(self, out: Tensor) -> None:
-        torch.index_select(self.source, 0, self.rows, out=out)
+        if isinstance(self.source, Tensor):
+            torch.index_select(self.source, 0, self.rows, out=out)
+        else:
+            self.source.read(self.rows, out=out)
 
     def value(self) -> Tensor:
         """The rows, on the device of ``rows``: ids sampled on a GPU gather host rows on the host
         and copy them over through page-locked memory (the host gather path)."""
         rows = self.rows
+        if not isinstance(self.source, Tensor):
+            return self.source.read(rows)
         if rows.device == self.source.device:
             return self.source.index_select(0, rows)
         out = self.source.index_select(0, rows.to(self.source.device))
