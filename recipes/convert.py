@@ -1,5 +1,8 @@
 """Write a dataset to disk: ``python recipes/convert.py data=products_like_1m out=/data/products_1m``.
 
+``features_dtype=float16`` (or ``bfloat16``) stores the features in half the bytes; training
+widens the rows it reads to float32 (``lightning_mqgnn.graph.feature_dtypes``).
+
 Loads what ``recipes/train.py data=<same>`` trains on (any data config: generated, npz, OGB,
 named) and writes it in the on-disk layout (``lightning_mqgnn.graph.ondisk``); ``recipes/train.py
 data=ondisk data.path=<out>`` then trains on it memory-mapped. A generated graph (``data=generated``
@@ -22,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from train import config_error_line, exit_on_unknown_config_names
 
+from lightning_mqgnn.graph.feature_dtypes import FEATURE_DTYPES
 from lightning_mqgnn.graph.generated import write_generated_graph
 from lightning_mqgnn.graph.ondisk import Manifest, OnDiskError, open_dataset, write_dataset
 
@@ -30,13 +34,20 @@ GENERATED = "lightning_mqgnn.graph.generated.generate_graph"
 
 def convert(cfg: DictConfig) -> str:
     start = time.perf_counter()
+    dtype = str(cfg.features_dtype)
+    if dtype not in FEATURE_DTYPES:  # before a dataset is loaded or drawn
+        raise ValueError(f"features_dtype must be one of {FEATURE_DTYPES}, got {dtype!r}")
     if cfg.data.get("_target_") == GENERATED:
         arguments = {
             k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k != "_target_"
         }
-        folder = write_generated_graph(cfg.out, overwrite=bool(cfg.overwrite), **arguments)
+        folder = write_generated_graph(
+            cfg.out, overwrite=bool(cfg.overwrite), features_dtype=dtype, **arguments
+        )
     else:
-        folder = write_dataset(instantiate(cfg.data), cfg.out, overwrite=bool(cfg.overwrite))
+        folder = write_dataset(
+            instantiate(cfg.data), cfg.out, overwrite=bool(cfg.overwrite), features_dtype=dtype
+        )
     seconds = time.perf_counter() - start
     megabytes = sum(a.nbytes for a in Manifest.read(folder).arrays.values()) / 1e6
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -20,6 +20,7 @@ from lightning_mqgnn.fullgraph.partition import (
     random_partition,
 )
 from lightning_mqgnn.graph.dataset import GraphDataset, split_mask
+from lightning_mqgnn.graph.feature_dtypes import compute_dtype
 
 
 def partition_batch(
@@ -32,7 +33,7 @@ def partition_batch(
     return PartitionBatch(
         partition=part,
         block=part.block,
-        features=dataset.features[part.local_ids()],
+        features=dataset.features[part.local_ids()].to(compute_dtype(dataset.features.dtype)),
         labels=dataset.labels[part.inner],
         train_mask=masks[0],
         val_mask=masks[1],

@@ -16,6 +16,7 @@ from torch import Tensor
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset, converted_dataset, split_mask
 from lightning_mqgnn.graph.download import check_download
+from lightning_mqgnn.graph.feature_dtypes import compute_dtype
 from lightning_mqgnn.graph.registry import data_root
 
 # name -> (dgl.data class, metric). Only datasets with a single graph and train/val/test masks.
@@ -137,7 +138,7 @@ def to_dgl(dataset: GraphDataset, add_self_loops: bool = False) -> Any:
     g = dgl.graph((graph.indices, graph.row_ids()), num_nodes=graph.num_nodes, idtype=torch.int64)
     if add_self_loops:
         g = dgl.add_self_loop(g)
-    g.ndata["feat"] = dataset.features
+    g.ndata["feat"] = dataset.features.to(compute_dtype(dataset.features.dtype))
     g.ndata["label"] = dataset.labels
     splits = {"train_mask": dataset.train_idx, "val_mask": dataset.val_idx, "test_mask": dataset.test_idx}
     for key, idx in splits.items():

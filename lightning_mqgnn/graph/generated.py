@@ -150,6 +150,7 @@ def write_generated_graph(
     seed: int = 0,
     *,
     overwrite: bool = False,
+    features_dtype: str = "float32",
     num_nodes: int | None = None,
     mean_degree: float | None = None,
     num_features: int | None = None,
@@ -164,7 +165,7 @@ def write_generated_graph(
     """``generate_graph``'s dataset, the same bit for bit, written straight to ``folder`` in the
     on-disk layout (``graph.ondisk``) with its features drawn and written a chunk at a time: the
     feature matrix is never in memory, so a graph whose features exceed the memory can be made on
-    the machine that trains it. With ``topology="chunked"`` the edge list is never in memory
+    the machine that trains it, stored as ``features_dtype`` (``graph.feature_dtypes``). With ``topology="chunked"`` the edge list is never in memory
     either: its rounds are merged in a scratch folder inside the dataset's hidden folder."""
     arguments = _arguments(locals())
     from lightning_mqgnn.graph.ondisk import DatasetWriter
@@ -177,7 +178,7 @@ def write_generated_graph(
         writer.array("indices", k.columns, "int64", (k.num_edges,))
         shutil.rmtree(scratch, ignore_errors=True)
         chunks = class_feature_chunks(k.classes, k.groups, p.num_features, feature_snr, k.gen)
-        writer.array("features", (c.numpy() for c in chunks), "float32", (p.num_nodes, p.num_features))
+        writer.features((c.numpy() for c in chunks), (p.num_nodes, p.num_features), features_dtype)
         labels, splits = _labels_and_split(k)
         writer.tensor("labels", labels)
         for split_name, idx in zip(("train_idx", "val_idx", "test_idx"), splits):
@@ -187,7 +188,7 @@ def write_generated_graph(
 
 def _arguments(arguments: dict) -> dict:
     """The generation arguments of ``generate_graph`` or ``write_generated_graph`` (their locals)."""
-    return {k: v for k, v in arguments.items() if k not in ("folder", "overwrite")}
+    return {k: v for k, v in arguments.items() if k not in ("folder", "overwrite", "features_dtype")}
 
 
 def _skeleton(

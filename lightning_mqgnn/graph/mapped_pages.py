@@ -45,6 +45,8 @@ import psutil
 import torch
 from torch import Tensor
 
+from lightning_mqgnn.graph.feature_dtypes import as_stored, storage_dtype
+
 __all__ = [
     "MappedArray",
     "bound_resident_pages",
@@ -76,14 +78,14 @@ class MappedArray:
 
     path: Path
     offset: int
-    dtype: str
+    dtype: str  # torch's name (``feature_dtypes.torch_dtype``)
     shape: tuple[int, ...]
     resident_bytes: int | None = None
 
     def open(self) -> Tensor:
         if self.resident_bytes is not None:
             bound_resident_pages(self.resident_bytes)
-        return map_array(self.path, self.offset, np.dtype(self.dtype), self.shape)
+        return map_array(self.path, self.offset, self.dtype, self.shape)
 
 
 _sources: dict[int, MappedArray] = {}  # a mapped tensor's first byte -> where it lies
@@ -103,7 +105,7 @@ def read_rows(t: Tensor, start: int, end: int, keep_cached: bool = True) -> Tens
     source = _sources.get(t.data_ptr())
     if source is None or tuple(t.shape) != source.shape:
         return t[start:end]
-    dtype = np.dtype(source.dtype)
+    dtype = storage_dtype(source.dtype)
     row = math.prod(source.shape[1:])
     first, count = source.offset + start * row * dtype.itemsize, (end - start) * row
     with open(source.path, "rb") as f:
@@ -111,7 +113,7 @@ def read_rows(t: Tensor, start: int, end: int, keep_cached: bool = True) -> Tens
         array = np.fromfile(f, dtype=dtype, count=count)
         if not keep_cached and t.data_ptr() in _random_mappings:
             os.posix_fadvise(f.fileno(), first, count * dtype.itemsize, os.POSIX_FADV_DONTNEED)
-    return torch.from_numpy(array.reshape((end - start, *source.shape[1:])))
+    return as_stored(torch.from_numpy(array.reshape((end - start, *source.shape[1:]))), source.dtype)
 
 
 def mapped_source(t: Tensor | None) -> MappedArray | None:
@@ -129,9 +131,10 @@ def opened(t: Tensor | MappedArray | None) -> Tensor | None:
     return t.open() if isinstance(t, MappedArray) else t
 
 
-def map_array(path: Path, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Tensor:
-    """The array of ``dtype`` and ``shape`` at byte ``offset`` of ``path``, mapped copy-on-write
-    and registered for ``release_mapped_pages``."""
+def map_array(path: Path, offset: int, dtype: str, shape: tuple[int, ...]) -> Tensor:
+    """The array of ``dtype`` (torch's name; a bfloat16 file holds its uint16 words,
+    ``feature_dtypes.storage_dtype``) and ``shape`` at byte ``offset`` of ``path``, mapped
+    copy-on-write and registered for ``release_mapped_pages``."""
     with open(path, "rb") as f:
         if sys.platform.startswith("linux"):
             # MAP_NORESERVE: a private writable mapping is otherwise charged its whole size against
@@ -149,10 +152,10 @@ def map_array(path: Path, offset: int, dtype: np.dtype, shape: tuple[int, ...]) 
     with _lock:
         _maps.add(mapping)
     count = int(np.prod(shape, dtype=np.int64))
-    array = np.frombuffer(mapping, dtype=dtype, count=count, offset=offset).reshape(shape)
-    tensor = torch.from_numpy(array)
+    array = np.frombuffer(mapping, dtype=storage_dtype(dtype), count=count, offset=offset).reshape(shape)
+    tensor = as_stored(torch.from_numpy(array), dtype)
     address = tensor.data_ptr()
-    _sources[address] = MappedArray(Path(path), offset, np.dtype(dtype).name, tuple(shape))
+    _sources[address] = MappedArray(Path(path), offset, dtype, tuple(shape))
     if random_access:
         _random_mappings[address] = weakref.ref(mapping)
         weakref.finalize(mapping, _random_mappings.pop, address, None)
@@ -180,7 +183,7 @@ def prefetch_rows(t: Tensor, rows: Tensor, counts: Tensor | None = None) -> int:
     if rows.numel() == 0 or not read_at_random(t):
         return 0
     source, mapping = _sources[t.data_ptr()], _random_mappings[t.data_ptr()]()
-    row_bytes = np.dtype(source.dtype).itemsize * math.prod(source.shape[1:])
+    row_bytes = storage_dtype(source.dtype).itemsize * math.prod(source.shape[1:])
     first = source.offset + rows.cpu().numpy().astype(np.int64, copy=False) * row_bytes
     length = row_bytes if counts is None else counts.cpu().numpy().astype(np.int64, copy=False) * row_bytes
     keep = np.broadcast_to(length > 0, first.shape)

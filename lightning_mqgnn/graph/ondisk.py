@@ -11,7 +11,8 @@ Layout (format ``lightning_mqgnn-ondisk``, version 1), every array a standard ``
 (C order) that numpy opens without this package:
 
 - ``indptr.npy`` int64 ``[N + 1]``, ``indices.npy`` int64 ``[E]``: the CSR topology (``CSRGraph``)
-- ``features.npy`` float32 ``[N, F]``
+- ``features.npy`` float32 ``[N, F]``, or float16 or bfloat16 (``graph.feature_dtypes``: the
+  model reads them widened to float32; a bfloat16 file holds the values' uint16 words)
 - ``labels.npy`` int64 ``[N]`` (or float32 ``[N, T]`` for a multi-label task)
 - ``train_idx.npy``, ``val_idx.npy``, ``test_idx.npy`` int64
 - ``manifest.json``: name, sizes, classes, metric, and each array's dtype, shape and byte size
@@ -40,6 +41,7 @@ from typing_extensions import override
 from lightning_mqgnn.durable import fsync_folder
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
+from lightning_mqgnn.graph.feature_dtypes import FEATURE_DTYPES, narrowed, storage_dtype, torch_dtype
 from lightning_mqgnn.graph.mapped_pages import bound_resident_pages, map_array
 from lightning_mqgnn.graph.npy import read_npy_header
 
@@ -95,14 +97,14 @@ class OnDiskError(RuntimeError):
 
 @dataclass(frozen=True)
 class ArrayFile:
-    """One array of the layout: ``<name>.npy`` with this dtype (numpy's name) and shape."""
+    """One array of the layout: ``<name>.npy`` with this dtype (torch's name) and shape."""
 
     dtype: str
     shape: tuple[int, ...]
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * storage_dtype(self.dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,10 @@ class Manifest:
         for name, shape in expected.items():
             if a[name].shape != shape:
                 raise OnDiskError(f"{where}: array '{name}' has shape {a[name].shape}, expected {shape}")
+        if a["features"].dtype not in FEATURE_DTYPES:
+            raise OnDiskError(
+                f"{where}: array 'features' has dtype {a['features'].dtype!r}, expected one of {FEATURE_DTYPES}"
+            )
         if a["labels"].shape[0] != self.num_nodes:
             raise OnDiskError(
                 f"{where}: array 'labels' has {a['labels'].shape[0]} rows, expected {self.num_nodes}"
@@ -176,7 +182,8 @@ class DatasetWriter:
     ``OnDiskError`` line) or is abandoned leaves nothing that ``open_dataset`` would open.
 
         with DatasetWriter(folder) as w:
-            w.array("features", chunks, "float32", (n, f))
+            w.features(chunks, (n, f), "float16")
+            w.array("labels", chunks, "int64", (n,))
             ...
             w.finish(name=..., num_classes=..., metric=...)
     """
@@ -212,9 +219,9 @@ class DatasetWriter:
         return False
 
     def array(self, name: str, chunks: Iterable[np.ndarray], dtype: str, shape: tuple[int, ...]) -> None:
-        """``<name>.npy`` of ``dtype`` and ``shape`` from ``chunks``: C-ordered row blocks whose
-        rows add up to ``shape[0]``."""
-        dtype_ = np.dtype(dtype)
+        """``<name>.npy`` of ``dtype`` (torch's name) and ``shape`` from ``chunks``: C-ordered row
+        blocks of ``storage_dtype(dtype)`` whose rows add up to ``shape[0]``."""
+        dtype_ = storage_dtype(dtype)
         shape = tuple(int(s) for s in shape)
         path = self.writing = self.partial / f"{name}.npy"
         header = {"descr": np.lib.format.dtype_to_descr(dtype_), "fortran_order": False, "shape": shape}
@@ -231,7 +238,27 @@ class DatasetWriter:
                 raise ValueError(f"{path}: chunks of {rows} rows in total, expected {shape[0]}")
             f.flush()
             os.fsync(f.fileno())
-        self.arrays[name] = ArrayFile(dtype_.name, shape)
+        self.arrays[name] = ArrayFile(dtype, shape)
+
+    def features(self, chunks: Iterable[np.ndarray], shape: tuple[int, ...], dtype: str = "float32") -> None:
+        """``features.npy`` from float32 row ``chunks``, stored as ``dtype`` (one of
+        ``FEATURE_DTYPES``; a value out of its range is a ``ValueError`` naming node and column)."""
+        if dtype not in FEATURE_DTYPES:
+            raise ValueError(f"features dtype must be one of {FEATURE_DTYPES}, got {dtype!r}")
+        if dtype == "float32":
+            self.array("features", chunks, dtype, shape)
+            return
+
+        def stored() -> Iterator[np.ndarray]:
+            first = 0
+            for chunk in chunks:
+                try:
+                    yield narrowed(chunk, dtype, first)
+                except ValueError as err:
+                    raise ValueError(f"{self.folder}: {err}") from None
+                first += len(chunk)
+
+        self.array("features", stored(), dtype, shape)
 
     def tensor(self, name: str, t: Tensor) -> None:
         """``<name>.npy`` from the tensor ``t``, in ``tensor_chunks``, with its dtype and shape."""
@@ -266,19 +293,27 @@ class DatasetWriter:
         return self.folder
 
 
-def tensor_chunks(t: Tensor) -> Iterator[np.ndarray]:
-    """Row chunks of ``t`` of about ``CHUNK_BYTES`` each, as numpy views (no copy)."""
+def tensor_chunks(t: Tensor, dtype: torch.dtype | None = None) -> Iterator[np.ndarray]:
+    """Row chunks of ``t`` of about ``CHUNK_BYTES`` each, as numpy views (no copy), or each
+    converted to ``dtype``."""
     t = t.detach().cpu().contiguous()
     row_bytes = (t[0].numel() if t.dim() > 1 and t.shape[0] else 1) * t.element_size()
     step = max(CHUNK_BYTES // max(row_bytes, 1), 1)
     for start in range(0, t.shape[0], step):
-        yield t[start : start + step].numpy()
+        yield t[start : start + step].to(dtype or t.dtype).numpy()
 
 
-def write_dataset(dataset: GraphDataset, folder: str | os.PathLike, *, overwrite: bool = False) -> Path:
+def write_dataset(
+    dataset: GraphDataset,
+    folder: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    features_dtype: str = "float32",
+) -> Path:
     """Write ``dataset`` to ``folder`` in the on-disk layout (module docstring); returns the folder.
 
-    Arrays are written in chunks of rows (``CHUNK_BYTES``) straight from the dataset's tensors.
+    Arrays are written in chunks of rows (``CHUNK_BYTES``) straight from the dataset's tensors,
+    the features as ``features_dtype`` (``graph.feature_dtypes``).
     An existing ``folder`` is an error unless ``overwrite``; it is replaced only once the new one
     is complete.
     """
@@ -286,13 +321,14 @@ def write_dataset(dataset: GraphDataset, folder: str | os.PathLike, *, overwrite
     tensors = {
         "indptr": g.indptr,
         "indices": g.indices,
-        "features": dataset.features,
         "labels": dataset.labels,
         "train_idx": dataset.train_idx,
         "val_idx": dataset.val_idx,
         "test_idx": dataset.test_idx,
     }
     with DatasetWriter(folder, overwrite=overwrite) as writer:
+        features = dataset.features
+        writer.features(tensor_chunks(features, torch.float32), tuple(features.shape), features_dtype)
         for name, t in tensors.items():
             writer.tensor(name, t)
         return writer.finish(name=dataset.name, num_classes=dataset.num_classes, metric=dataset.metric)
@@ -350,7 +386,7 @@ def _map_array(path: Path, expected: ArrayFile) -> Tensor:
         except ValueError as err:
             raise OnDiskError(f"{path}: not a .npy file ({err})") from err
         offset = f.tell()
-    if (dtype.name, shape) != (expected.dtype, expected.shape) or fortran:
+    if (dtype, shape) != (storage_dtype(expected.dtype), expected.shape) or fortran:
         raise OnDiskError(
             f"{path}: holds {dtype.name} {shape}, the manifest says {expected.dtype} {expected.shape}"
         )
@@ -359,10 +395,10 @@ def _map_array(path: Path, expected: ArrayFile) -> Tensor:
         what = "truncated" if size < whole else "trailing bytes"
         raise OnDiskError(f"{path}: {size:,} bytes, expected {whole:,} ({what})")
     if expected.nbytes == 0:  # an empty mapping is not allowed
-        return torch.empty(expected.shape, dtype=getattr(torch, expected.dtype))
+        return torch.empty(expected.shape, dtype=torch_dtype(expected.dtype))
     # readahead stays on unless the page cache cannot hold the file (mapped_pages): on a graph that
     # fits the memory, MADV_RANDOM made a cold epoch 5x slower (BENCHMARKS.md)
-    return map_array(path, offset, dtype, expected.shape)
+    return map_array(path, offset, expected.dtype, expected.shape)
 
 
 def _write_durably(path: Path, data: bytes) -> None:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset, converted_dataset, split_mask
+from lightning_mqgnn.graph.feature_dtypes import compute_dtype
 from lightning_mqgnn.graph.fields import SPLITS, edge_pairs, given_splits, label_tensor, split_ids
 from lightning_mqgnn.graph.registry import data_root
 
@@ -113,7 +114,7 @@ def to_pyg_data(dataset: GraphDataset) -> Any:
         for s, idx in zip(SPLITS, (dataset.train_idx, dataset.val_idx, dataset.test_idx))
     }
     return Data(
-        x=dataset.features,
+        x=dataset.features.to(compute_dtype(dataset.features.dtype)),
         edge_index=torch.stack([graph.indices, graph.row_ids()]),
         y=dataset.labels,
         num_nodes=graph.num_nodes,

@@ -128,15 +128,18 @@ def check_simple_graph(who: str, graph: CSRGraph) -> None:
 
 
 def check_features(who: str, features: Tensor, num_nodes: int) -> None:
-    """float32 ``[N, F]`` with every value finite; names the first bad node and column."""
+    """``[N, F]`` float32 (or float16/bfloat16, as features on disk may be stored) with every
+    value finite; names the first bad node and column."""
     if not isinstance(features, Tensor):
         raise ValueError(f"{who}: field 'features' must be a torch.Tensor, got {type(features).__name__}")
     if features.dim() != 2 or features.shape[0] != num_nodes or features.shape[1] < 1:
         raise ValueError(
             f"{who}: field 'features' has shape {tuple(features.shape)}, expected [{num_nodes}, F] with F >= 1"
         )
-    if features.dtype != torch.float32:
-        raise ValueError(f"{who}: field 'features' must be float32, got {features.dtype}")
+    if features.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(
+            f"{who}: field 'features' must be float32, float16 or bfloat16, got {features.dtype}"
+        )
     bad = torch.nonzero(~torch.isfinite(features))
     if bad.numel():
         v, c = int(bad[0, 0]), int(bad[0, 1])

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_mqgnn.graph.dataset import GraphDataset
+from lightning_mqgnn.graph.feature_dtypes import compute_dtype
 from lightning_mqgnn.sampling.base import row_positions
 from lightning_mqgnn.sampling.batch import Block
 from lightning_mqgnn.sampling.exact import edge_weights, full_block
@@ -122,7 +123,7 @@ class FullGraphInference:
         entry = self._plans.get(id(nodes))
         if entry is None or entry[0] is not nodes:
             entry = self._plans[id(nodes)] = (nodes, self._plan(nodes, len(layers)))
-        h = self.dataset.features.to(device)
+        h = self.dataset.features.to(device, compute_dtype(self.dataset.features.dtype))
         for i, (layer, chunks) in enumerate(zip(layers, entry[1])):
             outs = [layer(block.to(device), h, h.index_select(0, dst.to(device))) for dst, block in chunks]
             h = torch.cat(outs) if len(outs) > 1 else outs[0]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_mqgnn.graph.feature_dtypes import compute_dtype
 from lightning_mqgnn.graph.mapped_pages import prefetch_rows
 from lightning_mqgnn.pipeline.host_cache import TieredFeatures
 from lightning_mqgnn.pipeline.packing import Deferred, RowGather
@@ -32,7 +33,8 @@ class InputAggregation:
     compute it: the row sum reads ``X`` by global id, so the input rows are never gathered into
     a copy, the batch shrinks from ``num_src`` rows to ``num_dst``, and the training step starts
     at the first GEMM. Summation order is that of ``Block.aggregate``: training is bit-identical.
-    From ``TieredFeatures`` the input rows are read first (two tiers), then summed alike.
+    From ``TieredFeatures`` (two tiers) or half-precision features (widened to float32) the input
+    rows are read first, then summed alike.
     """
 
     features: Tensor | TieredFeatures
@@ -53,12 +55,13 @@ class InputAggregation:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.features.dtype
+        return compute_dtype(self.features.dtype)
 
     def _parts(self) -> list[Tensor]:
         b = self.block
-        if isinstance(self.features, TieredFeatures):
-            rows = self.features.read(self.input_nodes)
+        if isinstance(self.features, TieredFeatures) or self.features.dtype != self.dtype:
+            # half-precision features are summed in float32: the input rows are read and widened
+            rows = RowGather(self.features, self.input_nodes).value()
             ids, dst_rows = b.indices, rows[: b.num_dst]
         else:
             rows = self.features

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_mqgnn.graph.feature_dtypes import compute_dtype
 from lightning_mqgnn.pipeline.transfer import pin_in_place
 from lightning_mqgnn.sampling.batch import BLOCK_TENSORS, Block, MiniBatch
 
@@ -54,7 +55,8 @@ class Deferred(Protocol):
 @dataclass
 class RowGather:
     """A gather left to the packer: ``source[rows]`` is written straight into the buffer. A
-    ``TieredFeatures`` source (``pipeline/host_cache.py``) reads them through its tiers."""
+    ``TieredFeatures`` source (``pipeline/host_cache.py``) reads them through its tiers. Rows of
+    half-precision features come out float32 (``feature_dtypes.compute_dtype``)."""
 
     source: Tensor | TieredFeatures
     rows: Tensor
@@ -65,26 +67,32 @@ class RowGather:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.source.dtype
+        return compute_dtype(self.source.dtype)
 
     def write(self, out: Tensor) -> None:
-        if isinstance(self.source, Tensor):
+        if out.dtype != self.source.dtype:
+            out.copy_(self._read(self.rows))
+        elif isinstance(self.source, Tensor):
             torch.index_select(self.source, 0, self.rows, out=out)
         else:
             self.source.read(self.rows, out=out)
 
     def value(self) -> Tensor:
         """The rows, on the device of ``rows``: ids sampled on a GPU gather host rows on the host
-        and copy them over through page-locked memory (the host gather path)."""
+        and copy them over through page-locked memory (the host gather path), then widen them."""
         rows = self.rows
-        if not isinstance(self.source, Tensor):
-            return self.source.read(rows)
-        if rows.device == self.source.device:
-            return self.source.index_select(0, rows)
+        if not isinstance(self.source, Tensor) or rows.device == self.source.device:
+            return self._read(rows).to(self.dtype)
         out = self.source.index_select(0, rows.to(self.source.device))
         if rows.is_cuda and not out.is_cuda:
             out = out.pin_memory()
-        return out.to(rows.device, non_blocking=True)
+        return out.to(rows.device, non_blocking=True).to(self.dtype)
+
+    def _read(self, rows: Tensor) -> Tensor:
+        """``source[rows]`` in the source's dtype."""
+        return (
+            self.source.index_select(0, rows) if isinstance(self.source, Tensor) else self.source.read(rows)
+        )
 
 
 @dataclass

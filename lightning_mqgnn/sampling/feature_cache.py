@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.graph.feature_dtypes import compute_dtype
 from lightning_mqgnn.graph.mapped_pages import prefetch_rows
 from lightning_mqgnn.sampling.batch import MiniBatch
 from lightning_mqgnn.sampling.rng import epoch_seed
@@ -48,11 +49,11 @@ class FeatureCache(Protocol):
 
 
 def resident_rows(cache: FeatureCache, features: Tensor, device: torch.device | str = "cpu") -> Tensor:
-    """``features[cache.nodes]`` on ``device``: the rows ``batch.cache_slots`` index into. From
-    features on disk, every row's read is asked for first (``prefetch_rows``): a cache is a
-    fraction of the nodes, so its rows are as many reads as rows."""
+    """``features[cache.nodes]`` on ``device`` (float32 for half-precision features): the rows
+    ``batch.cache_slots`` index into. From features on disk, every row's read is asked for first
+    (``prefetch_rows``): a cache is a fraction of the nodes, so its rows are as many reads as rows."""
     prefetch_rows(features, cache.nodes)
-    return features.index_select(0, cache.nodes).to(device)
+    return features.index_select(0, cache.nodes).to(device, compute_dtype(features.dtype))
 
 
 def lookup(batch: MiniBatch, cache_slot: Tensor) -> Tensor:

@@ -12,9 +12,10 @@ bounded and no validation:
         --overrides "data.resident_gb=2 +trainer.limit_val_batches=0" --models sage,sage_gns
 
 1. **Convert**: ``recipes/convert.py data=<--data> out=<--folder>`` (a generated graph is written
-   as it is drawn): its one line (MB, seconds, MB/s, peak RSS).
+   as it is drawn), once per ``--features-dtypes`` entry: its one line (MB, seconds, MB/s, peak
+   RSS).
 2. **Train**, one fresh process per run, one at a time (a timing: run it on a quiet machine), for
-   each ``--loaders`` entry: ``data=<--data>`` in memory; ``data=ondisk`` with a **warm** page
+   each ``--loaders`` entry: ``data=<--data>`` in memory; for each features dtype, ``data=ondisk`` with a **warm** page
    cache (every file read once just before); and **cold** (every file's pages dropped from the
    page cache first, ``posix_fadvise(DONTNEED)``, which needs no privileges); ``topology`` drops
    them and reads the topology's files (a graph whose edges fit in the page cache, its features
@@ -77,8 +78,15 @@ def set_page_cache(folder: Path, state: str) -> None:
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def convert(data: str, folder: Path) -> str:
-    cmd = [sys.executable, str(RECIPES / "convert.py"), f"data={data}", f"out={folder}", "overwrite=true"]
+def convert(data: str, folder: Path, features_dtype: str = "float32") -> str:
+    cmd = [
+        sys.executable,
+        str(RECIPES / "convert.py"),
+        f"data={data}",
+        f"out={folder}",
+        "overwrite=true",
+        f"features_dtype={features_dtype}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"convert failed: {proc.stderr.strip()[-2000:]}")
@@ -142,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--loaders", default="sequential,pipeline")
     parser.add_argument("--models", default="sage")
+    parser.add_argument(
+        "--features-dtypes",
+        default="float32",
+        help="dtypes the features are stored in on disk, each its own folder: --folder for float32, "
+        "<--folder>_<dtype> for the others",
+    )
     parser.add_argument("--overrides", default="", help="more recipe overrides of the on-disk runs")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--out", type=Path)
@@ -149,30 +163,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.existing and args.folder is None:
         parser.error("--existing needs --folder")
     extra = args.overrides.split()
+    dtypes = args.features_dtypes.split(",")
     with tempfile.TemporaryDirectory(prefix="mqgnn-ondisk-data-") as scratch:
-        folder = args.folder or Path(scratch) / args.data
-        converted = f"{folder}, converted before" if args.existing else convert(args.data, folder)
-        print(converted, flush=True)
+        base = args.folder or Path(scratch) / args.data
+        folders = {d: base if d == "float32" else base.with_name(f"{base.name}_{d}") for d in dtypes}
+        converted = []
+        for dtype, folder in folders.items():
+            line = f"{folder}, converted before" if args.existing else convert(args.data, folder, dtype)
+            converted.append(line)
+            print(line, flush=True)
         rows = [
-            "| model | loader | data | page cache | epoch s | batches / s | vs in memory | batch ms "
-            "| peak RSS MB | peak PSS MB, all processes | MB read from disk | MB read per batch "
+            "| model | loader | data | features | page cache | epoch s | batches / s | vs in memory "
+            "| batch ms | peak RSS MB | peak PSS MB, all processes | MB read from disk | MB read per batch "
             "| feature rows (MB) per batch | GNS cache hit rate | host tier hit rate | val |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for model in args.models.split(","):
             for loader in args.loaders.split(","):
                 runs, memory = [], None
                 if not args.no_memory:
                     memory = fit([f"data={args.data}", f"model={model}"], loader, args.epochs)
-                    runs.append(("in memory", "-", memory))
-                for cache in args.caches.split(","):
-                    set_page_cache(folder, cache)
-                    on_disk = ["data=ondisk", f"data.path={folder}", f"model={model}"]
-                    runs.append(("on disk", cache, fit(on_disk, loader, args.epochs, extra)))
-                for where, cache, r in runs:
+                    runs.append(("in memory", "float32", "-", memory))
+                for dtype, folder in folders.items():
+                    for cache in args.caches.split(","):
+                        set_page_cache(folder, cache)
+                        on_disk = ["data=ondisk", f"data.path={folder}", f"model={model}"]
+                        runs.append(("on disk", dtype, cache, fit(on_disk, loader, args.epochs, extra)))
+                for where, dtype, cache, r in runs:
                     ratio = f"{r['batches_per_s'] / memory['batches_per_s']:.2f}x" if memory else "-"
                     rows.append(
-                        f"| {model} | {loader} | {where} | {cache} | {r['epoch_s']:.1f} | "
+                        f"| {model} | {loader} | {where} | {dtype} | {cache} | {r['epoch_s']:.1f} | "
                         f"{r['batches_per_s']:.2f} | {ratio} | {r['batch_ms']:.1f} | "
                         f"{r['peak_rss_mb']:,.0f} | {r['peak_pss_mb']:,.0f} | {r['read_mb']:,.0f} | "
                         f"{r['read_mb'] / r['batches']:.2f} | "
@@ -181,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(rows[-1], flush=True)
     write_report(
         f"On disk against in memory ({args.data})",
-        [*machine_header("ondisk", argv), f"- convert: {converted}"],
+        [*machine_header("ondisk", argv), *(f"- convert: {line}" for line in converted)],
         rows,
         args.out,
     )

@@ -64,7 +64,9 @@ def test_non_finite_feature_names_node_and_column():
     x[7, 2] = float("inf")
     with pytest.raises(ValueError, match=r"non-finite value inf at node 7, column 2"):
         validate_dataset(replace(ds, features=x))
-    with pytest.raises(ValueError, match=r"field 'features' must be float32, got torch.float64"):
+    with pytest.raises(
+        ValueError, match=r"field 'features' must be float32, float16 or bfloat16, got torch.float64"
+    ):
         validate_dataset(replace(ds, features=ds.features.double()))
     with pytest.raises(ValueError, match=r"field 'features' has shape \(11, 4\)"):
         validate_dataset(replace(ds, features=ds.features[:11]))

@@ -162,10 +162,10 @@ def test_prefetch_reads_the_pages_of_the_rows_asked_for_and_no_others(tmp_path, 
         os.fsync(f.fileno())
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages leave the cache
     size = path.stat().st_size
-    fits = map_array(path, offset, np.dtype(np.float32), (rows, width))
+    fits = map_array(path, offset, "float32", (rows, width))
     assert prefetch_rows(fits, torch.tensor([5])) == 0  # the page cache can hold it: left alone
     monkeypatch.setattr(mapped_pages, "RANDOM_ACCESS_SHARE", 0.0)  # as if larger than the memory
-    t = map_array(path, offset, np.dtype(np.float32), (rows, width))
+    t = map_array(path, offset, "float32", (rows, width))
     assert _resident_pages(t, offset, size) == set()
 
     # rows 3 (bytes 3200-4223: pages 0 and 1), 5 and 6 (page 1), 100 (page 25), 4000 (page 1000)
@@ -198,7 +198,7 @@ def test_a_pass_that_keeps_no_pages_leaves_the_page_cache_as_it_was(tmp_path, mo
         os.fsync(f.fileno())
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     monkeypatch.setattr(mapped_pages, "RANDOM_ACCESS_SHARE", 0.0)  # read at random
-    t = map_array(path, 0, np.dtype(np.float32), values.shape)
+    t = map_array(path, 0, "float32", values.shape)
     size = path.stat().st_size
     assert torch.equal(read_rows(t, 100, 900, keep_cached=False), torch.from_numpy(values[100:900]))
     assert _resident_pages(t, 0, size) == set()

@@ -1,6 +1,7 @@
 """``recipes/convert.py`` and ``data=ondisk``: a converted dataset trains as its in-memory original
 does, through the sequential loader, spawned pipeline workers, the GNS cache, LABOR, a host tier
-of its rows and two ranks, and every bad input is one line."""
+of its rows and two ranks; features stored in half precision train as their float32 values; and
+every bad input is one line."""
 
 from __future__ import annotations
 
@@ -77,6 +78,64 @@ def test_a_host_tier_of_feature_rows_trains_as_the_features_alone(converted, tmp
     held = float(result_fields(on_disk.stdout)["host_cache_hit_rate"])
     assert 0 < held < 1
     assert "host_cache_hit_rate" not in result_fields(in_memory.stdout)
+
+
+@pytest.fixture(scope="module")
+def half_precision(converted, tmp_path_factory) -> dict[str, tuple]:
+    """The small graph's features stored as float16 and as bfloat16, each beside its values
+    widened back into a float32 dataset (a conversion of the half one): the reference to train."""
+    root, out = tmp_path_factory.mktemp("half"), {}
+    for dtype in ("float16", "bfloat16"):
+        half, widened = root / dtype, root / f"{dtype}_as_float32"
+        for args in (
+            (f"data.path={converted}", f"out={half}", f"features_dtype={dtype}"),
+            (f"data.path={half}", f"out={widened}"),
+        ):
+            proc = convert("data=ondisk", *args)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        out[dtype] = (half, widened)
+    assert (out["float16"][0] / "features.npy").stat().st_size * 2 < (
+        converted / "features.npy"
+    ).stat().st_size * 1.01
+    return out
+
+
+@pytest.mark.parametrize(
+    ("dtype", "setup"),
+    [
+        ("float16", ("loader=sequential",)),
+        (
+            "bfloat16",
+            (
+                "loader=pipeline",
+                "loader.num_workers=1",
+                "loader.producer=workers",
+                "loader.start_method=spawn",
+                "loader.host_cache_gb=0.0003",
+            ),
+        ),
+        ("float16", ("model=sage_gns", "loader.host_cache_gb=0.0003")),
+    ],
+    ids=["float16_sequential", "bfloat16_spawned_workers_host_tier", "float16_gns_host_tier"],
+)
+def test_half_precision_features_train_as_their_values_widened_to_float32(
+    half_precision, tmp_path, dtype, setup
+):
+    """Rows, the first layer's aggregation, the host tier and the GNS device cache read half-precision
+    features widened to float32: the run is the float32 run on the same values, score for score."""
+    half, widened = half_precision[dtype]
+    common = ("data=ondisk", "trainer.max_epochs=2", *setup)
+    reference = run_recipe(tmp_path / "widened", f"data.path={widened}", *common)
+    stored = run_recipe(tmp_path / "half", f"data.path={half}", *common)
+    assert _scores(stored) == _scores(reference)
+
+
+def test_convert_with_an_unknown_features_dtype_is_one_error_line(tmp_path):
+    proc = convert(*SMALL, f"out={tmp_path / 'x'}", "features_dtype=int8")
+    assert_one_error_line(
+        proc, "features_dtype must be one of ('float32', 'float16', 'bfloat16'), got 'int8'"
+    )
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.distributed
