@@ -4,7 +4,11 @@ from the Trainer."""
 
 from __future__ import annotations
 
+import logging
+import os
+
 import lightning.pytorch as pl
+import torch.distributed as dist
 from typing_extensions import override
 
 from lightning_mqgnn.graph.dataset import GraphDataset
@@ -14,7 +18,7 @@ from lightning_mqgnn.pipeline.device_loader import (
     check_device_sampler,
     resolve_placement,
 )
-from lightning_mqgnn.pipeline.host_cache import host_row_cache
+from lightning_mqgnn.pipeline.host_cache import host_row_cache, host_tier_capacity, shared_host_row_cache
 from lightning_mqgnn.pipeline.loader import PipelinedLoader
 from lightning_mqgnn.pipeline.placement import DEFAULT_MARGIN, Placement, check_place
 from lightning_mqgnn.pipeline.plan import EpochPlan
@@ -23,6 +27,8 @@ from lightning_mqgnn.pipeline.settings import PipelineSettings
 from lightning_mqgnn.pipeline.source import BatchSource
 from lightning_mqgnn.sampling.base import Sampler
 from lightning_mqgnn.sampling.feature_cache import FeatureCache
+
+log = logging.getLogger(__name__)
 
 MODES = ("sequential", "pipeline", "device")
 
@@ -61,6 +67,8 @@ class MQGNNDataModule(pl.LightningDataModule):
     ``host_cache_gb``: for features on disk, hold that many GB of the rows batches read most in
     memory (``pipeline/host_cache.py``; ``host_cache_policy`` ``"walk"`` or ``"degree"``), read
     from there by the sequential and pipelined loaders' gather stage; 0: the page cache alone.
+    Filled at ``setup``: with several ranks, one tier per machine, read by its local rank 0 and
+    mapped by the others (``shared_host_row_cache``, a collective).
     """
 
     def __init__(
@@ -102,15 +110,15 @@ class MQGNNDataModule(pl.LightningDataModule):
         self._placement: Placement | None = None
         self.device_loader: DeviceResidentLoader | None = None
         self.aggregate_inputs = aggregate_inputs
-        host_cache = None
         if host_cache_gb and mode == "device":
             raise ValueError(
                 f"host_cache_gb={host_cache_gb}: the host tier serves the sequential and pipeline "
                 "loaders' gather stage; the device loader gathers on the device"
             )
         if host_cache_gb:
-            fanouts = getattr(sampler, "fanouts", None) or [-1] * sampler.num_layers
-            host_cache = host_row_cache(dataset, host_cache_gb, host_cache_policy, fanouts)
+            host_tier_capacity(dataset, host_cache_gb, host_cache_policy)  # bad settings fail here
+        self.host_cache_gb = host_cache_gb
+        self.host_cache_policy = host_cache_policy
         self.source = BatchSource(
             dataset,
             sampler,
@@ -120,7 +128,6 @@ class MQGNNDataModule(pl.LightningDataModule):
             seed,
             aggregate_inputs,
             feature_cache=feature_cache,
-            host_cache=host_cache,
         )
         self.settings = PipelineSettings(
             num_workers,
@@ -214,9 +221,36 @@ class MQGNNDataModule(pl.LightningDataModule):
     def uses_device_loader(self) -> bool:
         return self.mode == "device" or self.placement().on_device
 
+    def fill_host_tier(self) -> None:
+        """Build the host tier (``host_cache_gb``) once: with several ranks, one per machine,
+        filled by its local rank 0 and mapped by the others (``shared_host_row_cache``)."""
+        if not self.host_cache_gb or self.source.host_cache is not None:
+            return
+        sampler = self.sampler
+        fanouts = getattr(sampler, "fanouts", None) or [-1] * sampler.num_layers
+
+        def build():
+            return host_row_cache(self.dataset, self.host_cache_gb, self.host_cache_policy, fanouts)
+
+        trainer = self.trainer
+        if trainer is not None and trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            tier = shared_host_row_cache(build, trainer.local_rank, trainer.node_rank)
+        else:
+            tier = build()
+        log.info(
+            "host tier: %d rows (%.0f MB), policy %s, filled by pid %d, mapped by pid %d",
+            tier.nodes.numel(),
+            tier.nbytes / 1e6,
+            tier.policy,
+            tier.filled_by,
+            os.getpid(),
+        )
+        self.source.host_cache = tier
+
     @override
     def train_dataloader(self) -> SequentialLoader | PipelinedLoader | DeviceResidentLoader:
         self.match_module()
+        self.fill_host_tier()
         if self.uses_device_loader():
             return self.train_device_loader()
         if self.mode == "sequential":
@@ -253,6 +287,8 @@ class MQGNNDataModule(pl.LightningDataModule):
     @override
     def setup(self, stage: str) -> None:
         self.match_module()
+        if stage == "fit" and self.host_cache_gb and not self.uses_device_loader():
+            self.fill_host_tier()  # a collective with several ranks: every rank is here
         if stage == "fit" and self.mode == "pipeline" and not self.uses_device_loader():
             # workers fork and sample the first batches while Lightning sets up and sanity-checks
             self.train_pipeline_loader().prime()

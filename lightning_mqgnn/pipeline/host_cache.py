@@ -20,30 +20,76 @@ Which rows (``policy``), each the expected count of a node among a batch's input
 
 Both are static: the rows are chosen once, and a batch never writes the tier, so the workers
 share it with no locking. A row that the device cache (GNS) serves never reaches this tier.
+
+One tier per machine: it lies in memory that any process of the machine can map
+(``pipeline/machine_memory.py``), so a sampler worker, however started, maps it instead of
+copying it, and the ranks of one machine share the one their local rank 0 filled
+(``shared_host_row_cache``) instead of each reading the features file for its own.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.mapped_pages import MappedArray, mapped_source, opened, prefetch_rows, read_rows
+from lightning_mqgnn.pipeline.machine_memory import (
+    MachineTensor,
+    MachineTensorHandle,
+    machine_tensor,
+    open_machine_tensor,
+)
 from lightning_mqgnn.sampling.feature_cache import random_walk_distribution
 
 POLICIES = ("degree", "walk")
 READ_ROWS = 1 << 16  # rows per read while the tier is filled: the file is read in order, once
 
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HostRowCacheHandle:
+    """Where a host tier lies in the machine's memory: what another process needs to map it."""
+
+    nodes: MachineTensorHandle
+    rows: MachineTensorHandle
+    policy: str
+    filled_by: int  # the pid of the process that read the rows from the features
+
 
 @dataclass
 class HostRowCache:
-    """The host tier: ``rows[i]`` is the feature row of node ``nodes[i]`` (ids ascending)."""
+    """The host tier: ``rows[i]`` is the feature row of node ``nodes[i]`` (ids ascending), both in
+    memory any process of this machine maps (pickled, it travels as its ``handle``)."""
 
-    nodes: Tensor  # int64 [M], sorted
-    rows: Tensor  # [M, F], the features' dtype, in shared memory
+    node_memory: MachineTensor  # int64 [M], sorted
+    row_memory: MachineTensor  # [M, F], the features' dtype
     policy: str
+    filled_by: int  # the pid of the process that read the rows from the features
+
+    @property
+    def nodes(self) -> Tensor:
+        return self.node_memory.tensor
+
+    @property
+    def rows(self) -> Tensor:
+        return self.row_memory.tensor
+
+    @property
+    def handle(self) -> HostRowCacheHandle:
+        return HostRowCacheHandle(
+            self.node_memory.handle, self.row_memory.handle, self.policy, self.filled_by
+        )
+
+    def __reduce__(self):
+        return open_host_row_cache, (self.handle,)
 
     @property
     def nbytes(self) -> int:
@@ -56,6 +102,21 @@ class HostRowCache:
         return self.nodes.index_select(0, pos) == ids, pos
 
 
+def host_tier_capacity(dataset: GraphDataset, budget_gb: float, policy: str) -> int:
+    """How many of ``dataset``'s feature rows ``budget_gb`` GB hold; ValueError for a policy that is
+    not one of ``POLICIES`` or a budget that holds no row."""
+    if policy not in POLICIES:
+        raise ValueError(f"host cache policy must be one of {POLICIES}, got {policy!r}")
+    if not budget_gb > 0:
+        raise ValueError(f"host cache budget must be a positive number of GB, got {budget_gb}")
+    features = dataset.features
+    row_bytes = features[0].numel() * features.element_size()
+    capacity = min(dataset.graph.num_nodes, int(budget_gb * 1e9) // row_bytes)
+    if capacity == 0:
+        raise ValueError(f"host cache budget {budget_gb} GB holds no row of {row_bytes} bytes")
+    return capacity
+
+
 def host_row_cache(
     dataset: GraphDataset, budget_gb: float, policy: str = "walk", fanouts: list[int] | None = None
 ) -> HostRowCache:
@@ -63,22 +124,18 @@ def host_row_cache(
     docstring), read from its features in one pass in row order, which leaves none of its pages in
     the page cache where the file is read at random (``read_rows(keep_cached=False)``). ``fanouts`` (input layer first)
     weight the walk policy's steps as the sampler draws; None: every neighbour."""
-    if policy not in POLICIES:
-        raise ValueError(f"host cache policy must be one of {POLICIES}, got {policy!r}")
-    if not budget_gb > 0:
-        raise ValueError(f"host cache budget must be a positive number of GB, got {budget_gb}")
+    capacity = host_tier_capacity(dataset, budget_gb, policy)
     graph, features = dataset.graph, dataset.features
-    row_bytes = features[0].numel() * features.element_size()
-    capacity = min(graph.num_nodes, int(budget_gb * 1e9) // row_bytes)
-    if capacity == 0:
-        raise ValueError(f"host cache budget {budget_gb} GB holds no row of {row_bytes} bytes")
     if policy == "degree":
         score = graph.source_counts().to(torch.float64)
     else:
         layers = fanouts if fanouts is not None else [-1, -1]
         score = random_walk_distribution(graph, dataset.train_idx, layers)
-    nodes = torch.sort(torch.topk(score, capacity, sorted=False).indices).values
-    rows = torch.empty((capacity, *features.shape[1:]), dtype=features.dtype).share_memory_()
+    node_memory = machine_tensor((capacity,), torch.int64, "host-tier-nodes")
+    nodes = node_memory.tensor
+    torch.sort(torch.topk(score, capacity, sorted=False).indices, out=(nodes, torch.empty_like(nodes)))
+    row_memory = machine_tensor((capacity, *features.shape[1:]), features.dtype, "host-tier-rows")
+    rows = row_memory.tensor
     bounds = torch.searchsorted(nodes, torch.arange(0, graph.num_nodes + READ_ROWS, READ_ROWS))
     for i, start in enumerate(range(0, graph.num_nodes, READ_ROWS)):
         lo, hi = int(bounds[i]), int(bounds[i + 1])
@@ -87,7 +144,46 @@ def host_row_cache(
             # leaves the page cache to the pages they read
             block = read_rows(features, start, min(start + READ_ROWS, graph.num_nodes), keep_cached=False)
             torch.index_select(block, 0, nodes[lo:hi] - start, out=rows[lo:hi])
-    return HostRowCache(nodes.share_memory_(), rows, policy)
+    return HostRowCache(node_memory, row_memory, policy, os.getpid())
+
+
+def open_host_row_cache(handle: HostRowCacheHandle) -> HostRowCache:
+    """The host tier ``handle`` names, mapped in this process."""
+    nodes, rows = open_machine_tensor(handle.nodes), open_machine_tensor(handle.rows)
+    return HostRowCache(nodes, rows, handle.policy, handle.filled_by)
+
+
+def shared_host_row_cache(build: Callable[[], HostRowCache], local_rank: int, node_rank: int) -> HostRowCache:
+    """One host tier per machine for the ranks of the default process group: local rank 0 calls
+    ``build``, every rank learns the handles (``all_gather_object``), and the others map their
+    machine's. A collective: every rank calls it. If local rank 0 fails, every rank of its machine
+    raises (none waits for a tier that will not come); a rank that may not open the tier's memory
+    (another user's process, a hardened ``/proc``) builds its own, with a warning."""
+    tier, failure = None, None
+    if local_rank == 0:
+        try:
+            tier = build()
+        except Exception as err:  # re-raised below, once the other ranks know
+            failure = err
+    entry = (node_rank, tier.handle if tier is not None else None, None if failure is None else repr(failure))
+    entries: list = [None] * dist.get_world_size()
+    dist.all_gather_object(entries, entry)
+    if failure is not None:
+        raise failure
+    if tier is not None:
+        return tier
+    same_node = [(handle, error) for node, handle, error in entries if node == node_rank]
+    error = next((error for _, error in same_node if error is not None), None)
+    if error is not None:
+        raise RuntimeError(f"host tier: local rank 0 of node {node_rank} failed to build it: {error}")
+    handle = next((handle for handle, _ in same_node if handle is not None), None)
+    if handle is None:
+        raise RuntimeError(f"host tier: node {node_rank} has no local rank 0 to build it")
+    try:
+        return open_host_row_cache(handle)
+    except OSError as err:
+        log.warning("host tier: cannot map local rank 0's (%s); this rank builds its own", err)
+        return build()
 
 
 @dataclass

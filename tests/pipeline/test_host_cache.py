@@ -1,25 +1,41 @@
 """The host tier of features on disk: each policy holds the rows it ranks first within its
 budget, reads through the tiers give the feature rows themselves, in the training process and
-in sampler workers, and bad settings are one clear error."""
+in sampler workers, the ranks of one machine share one tier, and bad settings are one clear
+error."""
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from lightning_mqgnn.graph import generate_graph
 from lightning_mqgnn.graph.ondisk import open_dataset, write_dataset
 from lightning_mqgnn.pipeline.gather import batch_gathers
-from lightning_mqgnn.pipeline.host_cache import TieredFeatures, host_row_cache
+from lightning_mqgnn.pipeline.host_cache import TieredFeatures, host_row_cache, shared_host_row_cache
 from lightning_mqgnn.pipeline.workers import SamplerWorkerPool
 from lightning_mqgnn.sampling.feature_cache import random_walk_distribution
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 
 @pytest.fixture(scope="module")
-def on_disk(tmp_path_factory):
+def written(tmp_path_factory):
     ds = generate_graph(preset="arxiv", scale=0.01, seed=3)
-    return ds, open_dataset(write_dataset(ds, tmp_path_factory.mktemp("host") / "ds"))
+    return ds, write_dataset(ds, tmp_path_factory.mktemp("host") / "ds")
+
+
+@pytest.fixture(scope="module")
+def on_disk(written):
+    ds, folder = written
+    return ds, open_dataset(folder)
 
 
 @pytest.mark.parametrize("policy", ["degree", "walk"])
@@ -93,3 +109,78 @@ def test_bad_host_cache_settings_are_one_clear_error(on_disk):
         host_row_cache(mapped, -1, "walk")
     with pytest.raises(ValueError, match="holds no row of 512 bytes"):
         host_row_cache(mapped, 1e-7, "walk")
+
+
+def test_a_tier_travels_as_its_machine_memory_not_its_rows(on_disk, tmp_path):
+    """Pickled, a tier is its handles: a process started on its own maps the same memory."""
+    _, mapped = on_disk
+    cache = host_row_cache(mapped, 400 * 512 / 1e9, "degree")
+    total_before = float(cache.rows.double().sum())
+    blob = pickle.dumps(cache)
+    assert len(blob) < 2000 < cache.nbytes
+    (tmp_path / "tier.pkl").write_bytes(blob)
+    child = (
+        "import pickle, sys; tier = pickle.loads(open(sys.argv[1], 'rb').read()); "
+        "print(tier.filled_by, float(tier.rows.double().sum()), tier.nodes.numel()); tier.rows[3, 5] = -7.0"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", child, str(tmp_path / "tier.pkl")], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    filled_by, total, count = proc.stdout.split()
+    assert int(filled_by) == os.getpid() and int(count) == 400
+    assert float(total) == pytest.approx(total_before, rel=1e-12)
+    assert float(cache.rows[3, 5]) == -7.0  # the child wrote into this process's memory: no copy
+
+
+def _rank(rank, folder, out, node_ranks, fail_on_build):
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
+    builds = []
+
+    def build():
+        builds.append(rank)
+        if fail_on_build:
+            raise ValueError("the features file went away")
+        return host_row_cache(open_dataset(folder), 300 * 512 / 1e9, "degree")
+
+    local_rank = 0 if node_ranks[0] != node_ranks[1] else rank
+    started = time.perf_counter()
+    try:
+        tier = shared_host_row_cache(build, local_rank, node_ranks[rank])
+        result = dict(filled_by=tier.filled_by, pid=os.getpid(), builds=len(builds), rows=tier.rows.tolist())
+    except Exception as err:
+        result = dict(error=f"{type(err).__name__}: {err}", seconds=time.perf_counter() - started)
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def _two_ranks(folder, tmp_path, node_ranks, fail_on_build=False):
+    mp.spawn(_rank, (folder, tmp_path, node_ranks, fail_on_build), nprocs=2, join=True)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_the_ranks_of_one_machine_share_the_tier_their_local_rank_0_filled(written, on_disk, tmp_path):
+    _, mapped = on_disk
+    first, second = _two_ranks(written[1], tmp_path, node_ranks=(0, 0))
+    assert first["builds"] == 1 and second["builds"] == 0  # the features were read once
+    assert first["filled_by"] == second["filled_by"] == first["pid"] != second["pid"]
+    assert first["rows"] == second["rows"]
+    reference = host_row_cache(mapped, 300 * 512 / 1e9, "degree")
+    assert torch.equal(torch.tensor(second["rows"]), reference.rows)
+
+
+def test_ranks_on_different_machines_each_fill_their_own(written, tmp_path):
+    first, second = _two_ranks(written[1], tmp_path, node_ranks=(0, 1))
+    assert first["builds"] == second["builds"] == 1
+    assert first["filled_by"] == first["pid"] and second["filled_by"] == second["pid"]
+    assert first["rows"] == second["rows"]
+
+
+def test_a_failed_fill_fails_every_rank_of_its_machine_at_once(written, tmp_path):
+    first, second = _two_ranks(written[1], tmp_path, node_ranks=(0, 0), fail_on_build=True)
+    assert first["error"] == "ValueError: the features file went away"
+    assert second["error"] == (
+        "RuntimeError: host tier: local rank 0 of node 0 failed to build it: "
+        "ValueError('the features file went away')"
+    )
+    assert second["seconds"] < 10

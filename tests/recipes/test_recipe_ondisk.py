@@ -5,6 +5,7 @@ every bad input is one line."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -145,6 +146,20 @@ def test_two_ranks_train_on_an_ondisk_dataset_as_in_memory(converted, tmp_path):
     in_memory = run_recipe(tmp_path / "memory", *SMALL, *common, timeout=600)
     on_disk = run_recipe(tmp_path / "disk", "data=ondisk", f"data.path={converted}", *common, timeout=600)
     assert _scores(on_disk) == _scores(in_memory)
+    # with a host tier: one for the machine, filled by rank 0 and mapped by rank 1
+    tiered = run_recipe(
+        tmp_path / "tier",
+        "data=ondisk",
+        f"data.path={converted}",
+        "loader.host_cache_gb=0.0003",
+        *common,
+        timeout=600,
+    )
+    assert _scores(tiered) == _scores(in_memory)
+    tiers = re.findall(r"host tier: \d+ rows .* filled by pid (\d+), mapped by pid (\d+)", tiered.stdout)
+    assert len(tiers) == 2, tiered.stdout[-3000:]
+    (filled_0, mapped_0), (filled_1, mapped_1) = tiers
+    assert filled_0 == filled_1 and mapped_0 != mapped_1
 
 
 def test_ondisk_without_a_path_or_with_a_wrong_one_is_one_error_line(converted, tmp_path):
