@@ -1,6 +1,6 @@
 """The device-resident loader on a GPU: a sampler without random draws gives exactly the CPU
 batches; random samplers draw from the device's own stream (Philox), so their batches are
-compared with the CPU ones in distribution; host-gathered features and the GNS cache merge."""
+compared with the CPU ones in distribution; host-gathered features and the GNS cache merge; an on-disk dataset's mapped rows are read."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from helpers.devices import require_cuda
 from helpers.pipeline import make_trainer, seeded_module, small_dataset
 
 from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.graph.ondisk import open_dataset, write_dataset
 from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader
 from lightning_mqgnn.pipeline.placement import Placement
 from lightning_mqgnn.pipeline.sequential import SequentialLoader
@@ -149,3 +150,19 @@ def test_fit_with_the_sampler_process_on_the_gpu(ds):
     )
     make_trainer(max_epochs=2, accelerator="gpu", devices=1).fit(seeded_module(ds), dm)
     assert dm.device_loader.process is None and not dm.device_loader.producer_alive()
+
+
+def test_an_ondisk_dataset_samples_on_the_gpu_and_reads_its_mapped_rows(ds, tmp_path):
+    """Topology on the device, features left mapped on the host (as features too large for the
+    device are) and stored in float16: every batch's rows are the dataset's, rounded, in float32."""
+    mapped = open_dataset(write_dataset(ds, tmp_path / "ds", features_dtype="float16"))
+    source = BatchSource(mapped, NeighborSampler(mapped.graph, [-1, -1], "mean"), 256, seed=1)
+    expected = list(
+        SequentialLoader(BatchSource(ds, NeighborSampler(ds.graph, [-1, -1], "mean"), 256, seed=1))
+    )
+    got = list(cuda_loader(source, features_on=CPU))
+    assert len(got) == len(expected) > 1
+    for a, b in zip(expected, got):
+        assert b.features.is_cuda and b.features.dtype == torch.float32
+        assert torch.equal(b.input_nodes.cpu(), a.input_nodes)
+        assert torch.equal(b.features.cpu(), ds.features[a.input_nodes].half().float())

@@ -1,6 +1,6 @@
 """``recipes/convert.py`` and ``data=ondisk``: a converted dataset trains as its in-memory original
-does, through the sequential loader, spawned pipeline workers, the GNS cache, LABOR, a host tier
-of its rows and two ranks; features stored in half precision train as their float32 values; and
+does, through the sequential loader, spawned pipeline workers, the device-resident loader (on
+the CPU here), the GNS cache, LABOR, a host tier of its rows and two ranks; features stored in half precision train as their float32 values; and
 every bad input is one line."""
 
 from __future__ import annotations
@@ -44,8 +44,11 @@ def _scores(proc: subprocess.CompletedProcess) -> tuple[str, ...]:
         ("loader=pipeline", "loader.num_workers=1", "loader.producer=workers", "loader.start_method=spawn"),
         ("model=sage_gns",),
         ("model=labor_sage",),
+        ("loader=device",),
+        pytest.param(("loader=device", "model=sage_gns"), marks=pytest.mark.slow),
+        pytest.param(("loader=device", "loader.device_sampler=process"), marks=pytest.mark.slow),
     ],
-    ids=["sequential", "spawned_workers", "gns", "labor"],
+    ids=["sequential", "spawned_workers", "gns", "labor", "device", "device_gns", "device_processes"],
 )
 def test_an_ondisk_dataset_trains_as_its_in_memory_original(converted, tmp_path, setup):
     """With the mapped pages bounded below what the libraries alone map: every process drops its
@@ -116,8 +119,14 @@ def half_precision(converted, tmp_path_factory) -> dict[str, tuple]:
             ),
         ),
         ("float16", ("model=sage_gns", "loader.host_cache_gb=0.0003")),
+        pytest.param("bfloat16", ("loader=device",), marks=pytest.mark.slow),
     ],
-    ids=["float16_sequential", "bfloat16_spawned_workers_host_tier", "float16_gns_host_tier"],
+    ids=[
+        "float16_sequential",
+        "bfloat16_spawned_workers_host_tier",
+        "float16_gns_host_tier",
+        "bfloat16_device",
+    ],
 )
 def test_half_precision_features_train_as_their_values_widened_to_float32(
     half_precision, tmp_path, dtype, setup
