@@ -85,30 +85,34 @@ def test_a_host_tier_of_feature_rows_trains_as_the_features_alone(converted, tmp
 
 
 @pytest.fixture(scope="module")
-def half_precision(converted, tmp_path_factory) -> dict[str, tuple]:
-    """The small graph's features stored as float16 and as bfloat16, each beside its values
-    widened back into a float32 dataset (a conversion of the half one): the reference to train."""
-    root, out = tmp_path_factory.mktemp("half"), {}
-    for dtype in ("float16", "bfloat16"):
-        half, widened = root / dtype, root / f"{dtype}_as_float32"
-        for args in (
-            (f"data.path={converted}", f"out={half}", f"features_dtype={dtype}"),
-            (f"data.path={half}", f"out={widened}"),
-        ):
-            proc = convert("data=ondisk", *args)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-        out[dtype] = (half, widened)
-    assert (out["float16"][0] / "features.npy").stat().st_size * 2 < (
-        converted / "features.npy"
-    ).stat().st_size * 1.01
-    return out
+def half_precision(converted, tmp_path_factory):
+    """``folders(dtype)``: the small graph's features stored as ``dtype`` (float16 or bfloat16),
+    beside its values widened back into a float32 dataset (a conversion of the half one), the
+    reference to train; each converted once, when a test first asks for it."""
+    root, made = tmp_path_factory.mktemp("half"), {}
+
+    def folders(dtype: str) -> tuple:
+        if dtype not in made:
+            half, widened = root / dtype, root / f"{dtype}_as_float32"
+            for args in (
+                (f"data.path={converted}", f"out={half}", f"features_dtype={dtype}"),
+                (f"data.path={half}", f"out={widened}"),
+            ):
+                proc = convert("data=ondisk", *args)
+                assert proc.returncode == 0, proc.stderr[-3000:]
+            size = (half / "features.npy").stat().st_size
+            assert size * 2 < (converted / "features.npy").stat().st_size * 1.01
+            made[dtype] = (half, widened)
+        return made[dtype]
+
+    return folders
 
 
 @pytest.mark.parametrize(
     ("dtype", "setup"),
     [
         ("float16", ("loader=sequential",)),
-        (
+        pytest.param(
             "bfloat16",
             (
                 "loader=pipeline",
@@ -117,8 +121,9 @@ def half_precision(converted, tmp_path_factory) -> dict[str, tuple]:
                 "loader.start_method=spawn",
                 "loader.host_cache_gb=0.0003",
             ),
+            marks=pytest.mark.slow,
         ),
-        ("float16", ("model=sage_gns", "loader.host_cache_gb=0.0003")),
+        pytest.param("float16", ("model=sage_gns", "loader.host_cache_gb=0.0003"), marks=pytest.mark.slow),
         pytest.param("bfloat16", ("loader=device",), marks=pytest.mark.slow),
     ],
     ids=[
@@ -133,7 +138,7 @@ def test_half_precision_features_train_as_their_values_widened_to_float32(
 ):
     """Rows, the first layer's aggregation, the host tier and the GNS device cache read half-precision
     features widened to float32: the run is the float32 run on the same values, score for score."""
-    half, widened = half_precision[dtype]
+    half, widened = half_precision(dtype)
     common = ("data=ondisk", "trainer.max_epochs=2", *setup)
     reference = run_recipe(tmp_path / "widened", f"data.path={widened}", *common)
     stored = run_recipe(tmp_path / "half", f"data.path={half}", *common)
