@@ -250,9 +250,9 @@ class MQGNNDataModule(pl.LightningDataModule):
     @override
     def train_dataloader(self) -> SequentialLoader | PipelinedLoader | DeviceResidentLoader:
         self.match_module()
-        self.fill_host_tier()
         if self.uses_device_loader():
             return self.train_device_loader()
+        self.fill_host_tier()
         if self.mode == "sequential":
             return SequentialLoader(self.source, self.epoch_plan)
         return self.train_pipeline_loader()

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from train import config_error_line, exit_on_unknown_config_names
 
-from lightning_mqgnn.graph.feature_dtypes import FEATURE_DTYPES
+from lightning_mqgnn.graph.feature_dtypes import check_feature_dtype
 from lightning_mqgnn.graph.generated import write_generated_graph
 from lightning_mqgnn.graph.ondisk import Manifest, OnDiskError, open_dataset, write_dataset
 
@@ -35,8 +35,7 @@ GENERATED = "lightning_mqgnn.graph.generated.generate_graph"
 def convert(cfg: DictConfig) -> str:
     start = time.perf_counter()
     dtype = str(cfg.features_dtype)
-    if dtype not in FEATURE_DTYPES:  # before a dataset is loaded or drawn
-        raise ValueError(f"features_dtype must be one of {FEATURE_DTYPES}, got {dtype!r}")
+    check_feature_dtype(dtype, "features_dtype")  # before a dataset is loaded or drawn
     if cfg.data.get("_target_") == GENERATED:
         arguments = {
             k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k != "_target_"

@@ -18,9 +18,23 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["FEATURE_DTYPES", "as_stored", "compute_dtype", "narrowed", "storage_dtype", "torch_dtype"]
+__all__ = [
+    "FEATURE_DTYPES",
+    "as_stored",
+    "check_feature_dtype",
+    "compute_dtype",
+    "narrowed",
+    "storage_dtype",
+    "torch_dtype",
+]
 
 FEATURE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def check_feature_dtype(name: str, what: str = "features dtype") -> None:
+    """ValueError unless ``name`` is one of ``FEATURE_DTYPES`` (``what`` names the setting)."""
+    if name not in FEATURE_DTYPES:
+        raise ValueError(f"{what} must be one of {FEATURE_DTYPES}, got {name!r}")
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -47,8 +61,7 @@ def narrowed(chunk: np.ndarray, name: str, first_row: int = 0) -> np.ndarray:
     """Rows of float32 features as the storage of dtype ``name`` holds them (rounded to nearest).
     A value that rounds to infinity (beyond +-65504 in float16) is a ``ValueError`` naming its
     node (``first_row`` is the chunk's first) and column."""
-    if name not in FEATURE_DTYPES:
-        raise ValueError(f"features dtype must be one of {FEATURE_DTYPES}, got {name!r}")
+    check_feature_dtype(name)
     if name == "float32":
         return np.ascontiguousarray(chunk, dtype=np.float32)
     values = torch.from_numpy(np.ascontiguousarray(chunk, dtype=np.float32))

@@ -41,7 +41,13 @@ from typing_extensions import override
 from lightning_mqgnn.durable import fsync_folder
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
-from lightning_mqgnn.graph.feature_dtypes import FEATURE_DTYPES, narrowed, storage_dtype, torch_dtype
+from lightning_mqgnn.graph.feature_dtypes import (
+    FEATURE_DTYPES,
+    check_feature_dtype,
+    narrowed,
+    storage_dtype,
+    torch_dtype,
+)
 from lightning_mqgnn.graph.mapped_pages import bound_resident_pages, map_array
 from lightning_mqgnn.graph.npy import read_npy_header
 
@@ -243,11 +249,7 @@ class DatasetWriter:
     def features(self, chunks: Iterable[np.ndarray], shape: tuple[int, ...], dtype: str = "float32") -> None:
         """``features.npy`` from float32 row ``chunks``, stored as ``dtype`` (one of
         ``FEATURE_DTYPES``; a value out of its range is a ``ValueError`` naming node and column)."""
-        if dtype not in FEATURE_DTYPES:
-            raise ValueError(f"features dtype must be one of {FEATURE_DTYPES}, got {dtype!r}")
-        if dtype == "float32":
-            self.array("features", chunks, dtype, shape)
-            return
+        check_feature_dtype(dtype)  # before the file is begun
 
         def stored() -> Iterator[np.ndarray]:
             first = 0

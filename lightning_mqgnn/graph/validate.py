@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.graph.feature_dtypes import FEATURE_DTYPES, torch_dtype
 
 METRICS = ("accuracy", "micro_f1", "rocauc")
 
@@ -136,7 +137,7 @@ def check_features(who: str, features: Tensor, num_nodes: int) -> None:
         raise ValueError(
             f"{who}: field 'features' has shape {tuple(features.shape)}, expected [{num_nodes}, F] with F >= 1"
         )
-    if features.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if features.dtype not in [torch_dtype(name) for name in FEATURE_DTYPES]:
         raise ValueError(
             f"{who}: field 'features' must be float32, float16 or bfloat16, got {features.dtype}"
         )

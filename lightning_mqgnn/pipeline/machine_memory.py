@@ -11,6 +11,7 @@ the memory is freed when the last process that maps it exits, and it has no name
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 from dataclasses import dataclass
@@ -53,10 +54,7 @@ class MachineTensor:
 
 
 def _mapped(fd: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
-    numel = 1
-    for size in shape:
-        numel *= size
-    flat = torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=numel, dtype=dtype)
+    flat = torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=math.prod(shape), dtype=dtype)
     return flat.view(shape)
 
 
@@ -64,7 +62,7 @@ def machine_tensor(shape: tuple[int, ...], dtype: torch.dtype, name: str) -> Mac
     """A zeroed tensor of ``shape`` in a new memory file (``name`` shows in ``/proc/<pid>/maps``)."""
     fd = os.memfd_create(f"lightning_mqgnn-{name}", os.MFD_CLOEXEC)
     try:
-        os.ftruncate(fd, max(1, torch.Size(shape).numel() * dtype.itemsize))
+        os.ftruncate(fd, max(1, math.prod(shape) * dtype.itemsize))
         return MachineTensor(_mapped(fd, dtype, shape), fd)
     except BaseException:
         os.close(fd)
