@@ -6,7 +6,7 @@ operator without sampling, one layer at a time over every node, as Chen et al. a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -16,7 +16,7 @@ from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.feature_dtypes import compute_dtype
 from lightning_mqgnn.sampling.base import row_positions
 from lightning_mqgnn.sampling.batch import Block
-from lightning_mqgnn.sampling.exact import edge_weights, full_block
+from lightning_mqgnn.sampling.exact import exact_operator, full_block
 
 
 @dataclass
@@ -28,6 +28,16 @@ class FullGraphBatch:
     split: str
 
 
+@dataclass
+class _Layer:
+    """One layer of a plan: the global ids of its input rows (None: every node) and its chunks,
+    each its destinations' global ids, with their blocks once built (None: built at each run)."""
+
+    inputs: Tensor | None
+    chunks: list[Tensor]
+    blocks: list[tuple[Tensor, Block]] | None = None
+
+
 class FullGraphInference:
     """Full blocks of one graph, built once per set of scored nodes and reused at every validation.
 
@@ -36,21 +46,26 @@ class FullGraphInference:
     as those are fewer than ``CLOSURE_SHARE`` of the graph; every node otherwise (then each chunk's
     rows are a slice of the CSR, used as they are). Validation sets of a few percent of a large
     graph thus skip a third or more of the first layer's work, and a graph whose hidden states of
-    every node would not fit in memory can still be scored on a small split. Destinations are
-    split into chunks of at most ``MAX_EDGES`` edges so memory stays bounded on graphs with
-    hundreds of millions of edges.
+    every node would not fit in memory can still be scored on a small split.
+
+    Memory stays bounded on graphs with billions of edges: destinations are split into chunks of
+    at most ``MAX_EDGES`` edges, edge weights come from the node-sized ``ExactOperator`` one chunk
+    at a time, the blocks of a plan are kept between validations only while they hold at most
+    ``CACHED_EDGES`` edges (else rebuilt chunk by chunk at each run), and half-precision features
+    are read and widened a chunk's rows at a time instead of as one float32 copy.
     """
 
     MAX_EDGES = 50_000_000
     CLOSURE_SHARE = 0.8
+    CACHED_EDGES = 200_000_000
 
     def __init__(self, dataset: GraphDataset, aggregation: str):
         self.dataset = dataset
         self.aggregation = aggregation
-        self._weights = edge_weights(dataset.graph, aggregation)
-        self._all_chunks: list[tuple[Tensor, Block]] | None = None
-        # per scored tensor (a loader scores the same tensor each time): each layer's chunks
-        self._plans: dict[int, tuple[Tensor, list[list[tuple[Tensor, Block]]]]] = {}
+        self._operator = exact_operator(dataset.graph, aggregation)
+        self._all_nodes: _Layer | None = None  # the layer over every node, shared by the plans
+        # per scored tensor (a loader scores the same tensor each time): its layers
+        self._plans: dict[int, tuple[Tensor, list[_Layer]]] = {}
 
     def rows_per_layer(self, nodes: Tensor, num_layers: int) -> list[Tensor | None]:
         """The global ids of the rows each layer computes (None: every node), the last layer's
@@ -70,44 +85,50 @@ class FullGraphInference:
             rows.insert(0, below if below.numel() < self.CLOSURE_SHARE * graph.num_nodes else None)
         return rows
 
-    def _plan(self, nodes: Tensor, num_layers: int) -> list[list[tuple[Tensor, Block]]]:
-        """Per layer, its chunks: the positions of their destinations among the layer's input rows
-        (for their self features), and their blocks over those rows."""
+    def _plan(self, nodes: Tensor, num_layers: int) -> list[_Layer]:
         rows = self.rows_per_layer(nodes, num_layers)
-        plan = []
+        layers = []
         for inputs, outputs in zip([None, *rows[:-1]], rows):
             if outputs is None:
-                if self._all_chunks is None:
-                    self._all_chunks = self._chunks(torch.arange(self.dataset.num_nodes))
-                plan.append(self._all_chunks)
-                continue
-            chunks = self._chunks(outputs)
-            if inputs is not None:  # global source ids -> positions among the input rows
-                chunks = [
-                    (
-                        torch.searchsorted(inputs, dst),
-                        replace(
-                            block,
-                            num_src=inputs.numel(),
-                            indices=torch.searchsorted(inputs, block.indices),
-                            dst_in_src=False,
-                        ),
-                    )
-                    for dst, block in chunks
-                ]
-            plan.append(chunks)
-        return plan
+                if self._all_nodes is None:
+                    self._all_nodes = _Layer(None, self._chunks(torch.arange(self.dataset.num_nodes)))
+                layers.append(self._all_nodes)
+            else:
+                layers.append(_Layer(inputs, self._chunks(outputs)))
+        graph = self.dataset.graph
+        edges = sum(
+            int((graph.indptr[c + 1] - graph.indptr[c]).sum()) for layer in layers for c in layer.chunks
+        )
+        if edges <= self.CACHED_EDGES:
+            for layer in layers:
+                if layer.blocks is None:
+                    layer.blocks = list(self._blocks(layer))
+        return layers
 
-    def _chunks(self, dst: Tensor) -> list[tuple[Tensor, Block]]:
+    def _chunks(self, dst: Tensor) -> list[Tensor]:
+        """``dst`` in consecutive parts of at most ``MAX_EDGES`` edges (self loops counted)."""
         graph = self.dataset.graph
         deg = (graph.indptr[dst + 1] - graph.indptr[dst] + 1).cumsum(0)
         chunk_id = torch.div(deg - 1, self.MAX_EDGES, rounding_mode="floor")
-        out = []
-        for c in torch.unique(chunk_id).tolist():
-            part = dst[chunk_id == c]
-            block, _ = full_block(graph, part, *self._weights)
-            out.append((part, block))
-        return out
+        return [dst[chunk_id == c] for c in torch.unique(chunk_id).tolist()]
+
+    def _blocks(self, layer: _Layer) -> Iterator[tuple[Tensor, Block]]:
+        """Per chunk: the positions of its destinations among the layer's input rows (for their
+        self features) and its block over those rows."""
+        if layer.blocks is not None:
+            yield from layer.blocks
+            return
+        for dst in layer.chunks:
+            block, _ = full_block(self.dataset.graph, dst, self._operator)
+            if layer.inputs is not None:  # global source ids -> positions among the input rows
+                dst = torch.searchsorted(layer.inputs, dst)
+                block = replace(
+                    block,
+                    num_src=layer.inputs.numel(),
+                    indices=torch.searchsorted(layer.inputs, block.indices),
+                    dst_in_src=False,
+                )
+            yield dst, block
 
     @torch.no_grad()
     def run(
@@ -123,9 +144,21 @@ class FullGraphInference:
         entry = self._plans.get(id(nodes))
         if entry is None or entry[0] is not nodes:
             entry = self._plans[id(nodes)] = (nodes, self._plan(nodes, len(layers)))
-        h = self.dataset.features.to(device, compute_dtype(self.dataset.features.dtype))
-        for i, (layer, chunks) in enumerate(zip(layers, entry[1])):
-            outs = [layer(block.to(device), h, h.index_select(0, dst.to(device))) for dst, block in chunks]
+        features = self.dataset.features
+        widened = compute_dtype(features.dtype)
+        # float32 features are read in place; half-precision ones a chunk's rows at a time
+        h = features.to(device) if widened == features.dtype else None
+        for i, (layer, plan) in enumerate(zip(layers, entry[1])):
+            outs = []
+            for dst, block in self._blocks(plan):
+                if h is None:
+                    src, local = torch.unique(block.indices, return_inverse=True)
+                    block = replace(block, num_src=src.numel(), indices=local, dst_in_src=False)
+                    src_h = features.index_select(0, src).to(device, widened)
+                    self_h = features.index_select(0, dst).to(device, widened)
+                else:
+                    src_h, self_h = h, h.index_select(0, dst.to(device))
+                outs.append(layer(block.to(device), src_h, self_h))
             h = torch.cat(outs) if len(outs) > 1 else outs[0]
             if i < len(layers) - 1:
                 h = between(h)

@@ -23,9 +23,9 @@ def _fit(strategy: FullGraphStrategy, conv: str, epochs: int, **trainer_kwargs):
 def _reference_weights(conv: str, steps: int) -> list[torch.Tensor]:
     ds = ranks.small_dataset()
     model = ranks.make_model(conv, ds.num_features, ds.num_classes)
-    from lightning_mqgnn.sampling.exact import edge_weights, full_block
+    from lightning_mqgnn.sampling.exact import exact_operator, full_block
 
-    block, _ = full_block(ds.graph, torch.arange(ds.num_nodes), *edge_weights(ds.graph, model.aggregation))
+    block, _ = full_block(ds.graph, torch.arange(ds.num_nodes), exact_operator(ds.graph, model.aggregation))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(steps):
         h = ds.features

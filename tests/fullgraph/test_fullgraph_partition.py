@@ -11,7 +11,7 @@ import torch
 from lightning_mqgnn.fullgraph import PartitionBook, partition_batch
 from lightning_mqgnn.fullgraph.data import FullGraphDataModule
 from lightning_mqgnn.graph.generated import generate_graph
-from lightning_mqgnn.sampling.exact import edge_weights, full_block
+from lightning_mqgnn.sampling.exact import exact_operator, full_block
 
 
 def _dataset(seed: int = 3):
@@ -40,8 +40,7 @@ def test_metis_cuts_fewer_edges_than_random():
 @pytest.mark.parametrize("aggregation", ["gcn", "mean"])
 def test_local_blocks_reproduce_the_full_graph_aggregation(aggregation):
     ds = _dataset()
-    w, sw = edge_weights(ds.graph, aggregation)
-    full, _ = full_block(ds.graph, torch.arange(ds.num_nodes), w, sw)
+    full, _ = full_block(ds.graph, torch.arange(ds.num_nodes), exact_operator(ds.graph, aggregation))
     expected = full.aggregate(ds.features)
     book = PartitionBook.build(ds.graph, 3, "metis")
     for r in range(3):

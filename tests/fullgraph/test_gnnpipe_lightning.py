@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lightning_mqgnn.fullgraph import FullGraphDataModule, FullGraphNodeClassifier, GNNPipeStrategy
-from lightning_mqgnn.sampling.exact import edge_weights, full_block
+from lightning_mqgnn.sampling.exact import exact_operator, full_block
 
 pytestmark = pytest.mark.distributed
 
@@ -69,7 +69,7 @@ def reference_run(
     stages would send on."""
     ds = ranks.small_dataset()
     model = gcnii(ds, layers=layers)
-    block, _ = full_block(ds.graph, torch.arange(ds.num_nodes), *edge_weights(ds.graph, "gcn"))
+    block, _ = full_block(ds.graph, torch.arange(ds.num_nodes), exact_operator(ds.graph, "gcn"))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     stack = model.stack
     per_stage = stack.num_convs // stages

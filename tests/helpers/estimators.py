@@ -8,7 +8,7 @@ import torch
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.batch import MiniBatch
-from lightning_mqgnn.sampling.exact import edge_weights, full_block
+from lightning_mqgnn.sampling.exact import exact_operator, full_block
 
 
 def assert_input_layer_unbiased(
@@ -23,7 +23,7 @@ def assert_input_layer_unbiased(
     mean). ``draw(t, seeds)`` returns draw ``t``'s batch on the host, after whatever redraw (a
     GNS cache's, say) that draw needs."""
     h = torch.randn(graph.num_nodes, 2, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    exact_block, _ = full_block(graph, seeds, *edge_weights(graph, aggregation))
+    exact_block, _ = full_block(graph, seeds, exact_operator(graph, aggregation))
     truth = exact_block.aggregate(h.float()).double()
     est = torch.zeros(trials, len(seeds), 2, dtype=torch.float64)
     torch.manual_seed(7)

@@ -23,7 +23,7 @@ from lightning_mqgnn.fullgraph import (
     partition_batch,
 )
 from lightning_mqgnn.graph.generated import generate_graph
-from lightning_mqgnn.sampling.exact import edge_weights, full_block
+from lightning_mqgnn.sampling.exact import exact_operator, full_block
 
 WORLD = 4
 
@@ -62,8 +62,7 @@ def reference_run(conv: str, steps: int) -> list[tuple[float, list[torch.Tensor]
     """Single-process full-graph training: losses and weight gradients of the first steps."""
     ds = small_dataset()
     model = make_model(conv, ds.num_features, ds.num_classes)
-    weights, self_weights = edge_weights(ds.graph, model.aggregation)
-    block, _ = full_block(ds.graph, torch.arange(ds.num_nodes), weights, self_weights)
+    block, _ = full_block(ds.graph, torch.arange(ds.num_nodes), exact_operator(ds.graph, model.aggregation))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     out = []
     for _ in range(steps):

@@ -21,7 +21,7 @@ from lightning_mqgnn.graph.npz import load_npz  # noqa: E402
 from lightning_mqgnn.models.layers import GCNLayer, SAGELayer  # noqa: E402
 from lightning_mqgnn.models.pyg import PyGLayer, PyGNodeClassifier, gat_stack, gcn_stack, sage_stack  # noqa: E402
 from lightning_mqgnn.pipeline.gather import gather  # noqa: E402
-from lightning_mqgnn.sampling.exact import edge_weights, full_block  # noqa: E402
+from lightning_mqgnn.sampling.exact import exact_operator, full_block  # noqa: E402
 from lightning_mqgnn.sampling.fastgcn import FastGCNSampler  # noqa: E402
 from lightning_mqgnn.sampling.neighbor import NeighborSampler  # noqa: E402
 from lightning_mqgnn.sampling.pyg_blocks import to_pyg  # noqa: E402
@@ -121,9 +121,9 @@ def test_pyg_conv_equals_our_layer_on_the_same_block(ds, aggregation, replace_):
 @pytest.mark.parametrize("aggregation", ["mean", "gcn"])
 def test_pyg_conv_equals_our_layer_in_exact_inference(ds, aggregation):
     """Full blocks over global ids (destinations not a source prefix) with the destination rows given."""
-    weights = edge_weights(ds.graph, aggregation)
+    op = exact_operator(ds.graph, aggregation)
     nodes = ds.test_idx[:50]
-    block, _ = full_block(ds.graph, nodes, *weights)
+    block, _ = full_block(ds.graph, nodes, op)
     assert not block.dst_in_src
     ours, conv = layer_pair(aggregation, ds.num_features, 6)
     h = ds.features
@@ -135,11 +135,11 @@ def test_gat_inference_on_some_nodes_equals_rows_of_all_nodes(ds):
     """GATConv adds self loops by local id: destinations must see their own rows either way."""
     torch.manual_seed(0)
     layer = PyGLayer(pyg_nn.GATConv(ds.num_features, 4, heads=2))
-    weights = edge_weights(ds.graph, "mean")
-    all_block, _ = full_block(ds.graph, torch.arange(ds.num_nodes), *weights)
+    op = exact_operator(ds.graph, "mean")
+    all_block, _ = full_block(ds.graph, torch.arange(ds.num_nodes), op)
     assert all_block.dst_in_src
     nodes = ds.test_idx[:40]
-    some_block, _ = full_block(ds.graph, nodes, *weights)
+    some_block, _ = full_block(ds.graph, nodes, op)
     with torch.no_grad():
         everything = layer(all_block, ds.features, ds.features)
         some = layer(some_block, ds.features, ds.features[nodes])

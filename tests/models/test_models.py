@@ -1,5 +1,7 @@
 """Layers and the NodeClassifier: sampled forward with all neighbours equals exact inference."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -74,6 +76,43 @@ def test_exact_inference_over_the_rows_later_layers_read_equals_it_over_every_no
     assert torch.allclose(closure, sampled, atol=1e-5)
     # the plan is built once per scored tensor, and a second call gives the same logits
     assert torch.equal(inference.run(model.layers, torch.relu_, nodes, torch.device("cpu")), closure)
+
+
+@pytest.mark.parametrize("features_dtype", ["float32", "float16", "bfloat16"])
+def test_exact_inference_in_chunks_rebuilt_at_each_run_equals_it_in_one_cached_piece(
+    features_dtype, tmp_path, monkeypatch
+):
+    """The bounded-memory path: blocks of a few edges each, not kept between runs, and features
+    on disk in half precision read a chunk's rows at a time; the logits equal one cached block
+    over the same features widened to float32, and the plan holds no block."""
+    from lightning_mqgnn.graph.ondisk import open_dataset, write_dataset
+    from lightning_mqgnn.models.inference import FullGraphInference
+
+    torch.manual_seed(0)
+    ds = open_dataset(
+        write_dataset(
+            uniform_edges_dataset(n=400, num_edges=1200), tmp_path / "ds", features_dtype=features_dtype
+        )
+    )
+    widened = replace(ds, features=ds.features.float())
+    nodes = ds.test_idx[:40]
+    cpu = torch.device("cpu")
+    for conv, aggregation in [("gcn", "gcn"), ("sage", "mean")]:
+        model = NodeClassifier(
+            ds.num_features, ds.num_classes, conv=conv, hidden=16, num_layers=3, dropout=0.0
+        )
+        model.eval()
+        whole = FullGraphInference(widened, aggregation).run(model.layers, torch.relu_, nodes, cpu)
+        with monkeypatch.context() as patch:
+            patch.setattr(FullGraphInference, "MAX_EDGES", 50)
+            patch.setattr(FullGraphInference, "CACHED_EDGES", 0)
+            chunked = FullGraphInference(ds, aggregation)
+            first = chunked.run(model.layers, torch.relu_, nodes, cpu)
+            plan = chunked._plans[id(nodes)][1]
+            assert all(layer.blocks is None for layer in plan)
+            assert sum(len(layer.chunks) for layer in plan) > 3 * len(plan)
+            assert torch.equal(chunked.run(model.layers, torch.relu_, nodes, cpu), first)
+        assert torch.allclose(first, whole, atol=1e-5), (conv, (first - whole).abs().max())
 
 
 def test_training_step_reduces_loss_on_a_fixed_batch():

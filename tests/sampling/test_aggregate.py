@@ -161,14 +161,14 @@ def test_a_full_block_of_consecutive_nodes_is_the_dense_operator_of_those_rows(a
     as for the same nodes in another order."""
     from helpers.graphs import random_graph
 
-    from lightning_mqgnn.sampling.exact import edge_weights, full_block
+    from lightning_mqgnn.sampling.exact import exact_operator, full_block
 
     graph = random_graph(60, 400, seed=3, isolate_last=True)
-    weights = edge_weights(graph, aggregation)
-    everything, _ = full_block(graph, torch.arange(60), *weights)
+    op = exact_operator(graph, aggregation)
+    everything, _ = full_block(graph, torch.arange(60), op)
     for lo, hi in ((0, 60), (0, 7), (13, 41), (45, 60)):
-        block, _ = full_block(graph, torch.arange(lo, hi), *weights)
-        shuffled, _ = full_block(graph, torch.arange(hi - 1, lo - 1, -1), *weights)
+        block, _ = full_block(graph, torch.arange(lo, hi), op)
+        shuffled, _ = full_block(graph, torch.arange(hi - 1, lo - 1, -1), op)
         assert block.num_dst == hi - lo and block.dst_in_src == (lo == 0)
         assert torch.allclose(dense(block), dense(everything)[lo:hi])
         assert torch.allclose(dense(block), dense(shuffled).flip(0))

@@ -16,7 +16,7 @@ from helpers.pipeline import make_trainer, seeded_module, small_dataset
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.base import Workspace
-from lightning_mqgnn.sampling.exact import edge_weights, full_block
+from lightning_mqgnn.sampling.exact import exact_operator, full_block
 from lightning_mqgnn.sampling.gns import GNSCache, GNSSampler
 from lightning_mqgnn.sampling.labor import (
     MAX_ROUNDS,
@@ -61,7 +61,7 @@ def test_monte_carlo_mean_of_ht_weights_matches_exact_aggregation(aggregation, i
     graph = random_graph(isolate_last=True)
     h = torch.randn(graph.num_nodes, 4, dtype=torch.float64)
     seeds = torch.arange(0, graph.num_nodes, 7)
-    exact_block, _ = full_block(graph, seeds, *edge_weights(graph, aggregation))
+    exact_block, _ = full_block(graph, seeds, exact_operator(graph, aggregation))
     exact = exact_block.aggregate(h.float()).double()
     sampler = LaborSampler(graph, [3], aggregation, importance_sampling=importance_sampling, estimator="ht")
     estimates = []
@@ -307,7 +307,7 @@ def test_full_fanout_keeps_every_edge_with_exact_weights():
     graph = random_graph(isolate_last=True)
     seeds = torch.arange(0, 50, 5)
     block = LaborSampler(graph, [-1], "mean", importance_sampling=-1).sample(seeds).blocks[0]
-    exact, _ = full_block(graph, seeds, *edge_weights(graph, "mean"))
+    exact, _ = full_block(graph, seeds, exact_operator(graph, "mean"))
     assert torch.equal(row_counts(block), row_counts(exact))
     torch.testing.assert_close(
         torch.zeros(10).index_add_(0, block.dst_ids(), block.weights),

@@ -11,7 +11,7 @@ from helpers.graphs import random_graph
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.base import Sampler
-from lightning_mqgnn.sampling.exact import edge_weights, full_block
+from lightning_mqgnn.sampling.exact import exact_operator, full_block
 from lightning_mqgnn.sampling.fastgcn import FastGCNSampler
 from lightning_mqgnn.sampling.ladies import LADIESSampler
 
@@ -27,7 +27,7 @@ def variant_id(v) -> str:
 
 def dense_laplacian(graph: CSRGraph) -> torch.Tensor:
     """L = D^-1/2 (A+I) D^-1/2 as a dense float64 matrix, from the exact full blocks."""
-    block, _ = full_block(graph, torch.arange(graph.num_nodes), *edge_weights(graph, "gcn"))
+    block, _ = full_block(graph, torch.arange(graph.num_nodes), exact_operator(graph, "gcn"))
     return block.adjacency().to_dense().to(torch.float64)
 
 

@@ -7,12 +7,12 @@ from helpers.graphs import random_graph
 from helpers.paths import CONF
 
 from lightning_mqgnn.graph.csr import CSRGraph
-from lightning_mqgnn.sampling.exact import edge_weights, full_block
+from lightning_mqgnn.sampling.exact import exact_operator, full_block
 from lightning_mqgnn.sampling.neighbor import NeighborSampler, sample_neighbor_edges
 
 
 def exact_aggregate(graph, seeds, aggregation, h):
-    block, _ = full_block(graph, seeds, *edge_weights(graph, aggregation))
+    block, _ = full_block(graph, seeds, exact_operator(graph, aggregation))
     return block.aggregate(h)
 
 
