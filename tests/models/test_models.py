@@ -106,11 +106,13 @@ def test_exact_inference_in_chunks_rebuilt_at_each_run_equals_it_in_one_cached_p
         with monkeypatch.context() as patch:
             patch.setattr(FullGraphInference, "MAX_EDGES", 50)
             patch.setattr(FullGraphInference, "CACHED_EDGES", 0)
+            patch.setattr(FullGraphInference, "WIDENED_BYTES", 4 * ds.num_features * 60)  # 60 rows
             chunked = FullGraphInference(ds, aggregation)
             first = chunked.run(model.layers, torch.relu_, nodes, cpu)
             plan = chunked._plans[id(nodes)][1]
             assert all(layer.blocks is None for layer in plan)
             assert sum(len(layer.chunks) for layer in plan) > 3 * len(plan)
+            assert chunked._widened_by_chunk() == (features_dtype != "float32")
             assert torch.equal(chunked.run(model.layers, torch.relu_, nodes, cpu), first)
         assert torch.allclose(first, whole, atol=1e-5), (conv, (first - whole).abs().max())
 
