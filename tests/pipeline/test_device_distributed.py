@@ -16,7 +16,7 @@ SCRIPT = HELPERS / "device_ranks.py"
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("device_sampler", ["thread", "process"])
+@pytest.mark.parametrize("device_sampler", ["thread", pytest.param("process", marks=pytest.mark.slow)])
 def test_two_cpu_ranks_sample_their_own_shares_on_their_devices(tmp_path, device_sampler):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = subprocess.run(

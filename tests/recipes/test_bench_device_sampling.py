@@ -6,10 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from helpers.paths import REPO
 
 
+@pytest.mark.slow  # the benchmark end to end, half a minute
 def test_device_sampling_benchmark_smoke_runs(tmp_path):
     cmd = [sys.executable, str(REPO / "recipes" / "bench.py"), "device_sampling", "--smoke", "--seeds", "0"]
     cmd += ["--accuracy-datasets", "products_like", "--out", str(tmp_path)]

@@ -4,9 +4,11 @@ share stays the optimiser's even though Lightning runs forward and backward insi
 import subprocess
 import sys
 
+import pytest
 from helpers.paths import REPO
 
 
+@pytest.mark.slow  # the benchmark end to end, half a minute
 def test_step_benchmark_splits_bare_and_trainer_steps(tmp_path):
     out = tmp_path / "step.md"
     cmd = [

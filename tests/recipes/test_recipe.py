@@ -180,6 +180,7 @@ def test_gnnpipe_recipe_reports_bytes_staleness_and_memory(tmp_path):
     assert 0.0 <= float(result["test"]) <= 1.0
 
 
+@pytest.mark.slow  # four 2-rank recipe runs; the hooks and their bytes: tests/strategy
 @pytest.mark.distributed
 def test_compressed_gradient_queues_report_their_bytes(tmp_path):
     """strategy=mqgnn_q4 (4-bit quantised buckets) and mqgnn_powersgd on 2 ranks: the RESULT line
@@ -287,10 +288,22 @@ def test_a_run_under_the_default_cap_ends_at_an_epochs_end_and_resumes(resumed_r
         ("missing", ["nope.ckpt", "no such file"]),
         ("not_a_checkpoint", ["config.yaml", "not a readable checkpoint"]),
         ("other_model", ["different model", "hidden=256 (this run: 128)"]),
-        ("other_settings", ["other settings", "loader.batch_size=512 (this run: 300)"]),
-        ("other_validation", ["other settings", "val_every_batches=3 (this run: 5)"]),
-        ("full_graph", ["full-graph strategies do not resume"]),
-        ("step_bounded", ["only a run bounded by epochs resumes", "not trainer.max_steps=100"]),
+        pytest.param(
+            "other_settings",
+            ["other settings", "loader.batch_size=512 (this run: 300)"],
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            "other_validation",
+            ["other settings", "val_every_batches=3 (this run: 5)"],
+            marks=pytest.mark.slow,
+        ),
+        pytest.param("full_graph", ["full-graph strategies do not resume"], marks=pytest.mark.slow),
+        pytest.param(
+            "step_bounded",
+            ["only a run bounded by epochs resumes", "not trainer.max_steps=100"],
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_a_checkpoint_that_does_not_continue_this_run_is_one_error_line(
@@ -339,6 +352,7 @@ def _resumed_as_straight(tmp_path, *overrides: str):
     return through, resumed
 
 
+@pytest.mark.slow  # two more recipe runs beside the default resume tests
 def test_a_run_resumed_to_a_later_end_validates_where_it_would_have(tmp_path):
     """Validation every 3 epochs of 4 batches: the two-epoch half ends before its first validation,
     and the run resumed to 4 epochs validates after its third, as the straight run does (a schedule
@@ -350,6 +364,7 @@ def test_a_run_resumed_to_a_later_end_validates_where_it_would_have(tmp_path):
         assert fields_a[key] == fields_b[key], key
 
 
+@pytest.mark.slow  # three recipe runs; the budget itself: tests/callbacks/test_validation_budget.py
 def test_a_run_validating_within_a_share_of_its_time_resumes_exactly(tmp_path):
     """Under val_time_share the validations fall where the clock says, the batches trained on do
     not: the run resumed from its second epoch ends with the straight run's parameters."""

@@ -41,9 +41,17 @@ def _scores(proc: subprocess.CompletedProcess) -> tuple[str, ...]:
     "setup",
     [
         ("loader=sequential",),
-        ("loader=pipeline", "loader.num_workers=1", "loader.producer=workers", "loader.start_method=spawn"),
-        ("model=sage_gns",),
-        ("model=labor_sage",),
+        pytest.param(
+            (
+                "loader=pipeline",
+                "loader.num_workers=1",
+                "loader.producer=workers",
+                "loader.start_method=spawn",
+            ),
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(("model=sage_gns",), marks=pytest.mark.slow),
+        pytest.param(("model=labor_sage",), marks=pytest.mark.slow),
         ("loader=device",),
         pytest.param(("loader=device", "model=sage_gns"), marks=pytest.mark.slow),
         pytest.param(("loader=device", "loader.device_sampler=process"), marks=pytest.mark.slow),
@@ -65,8 +73,10 @@ def test_an_ondisk_dataset_trains_as_its_in_memory_original(converted, tmp_path,
     "setup",
     [
         ("loader=sequential", "loader.host_cache_policy=degree"),
-        ("loader=pipeline", "loader.num_workers=2", "loader.producer=workers"),
-        ("model=sage_gns",),
+        pytest.param(
+            ("loader=pipeline", "loader.num_workers=2", "loader.producer=workers"), marks=pytest.mark.slow
+        ),
+        pytest.param(("model=sage_gns",), marks=pytest.mark.slow),
     ],
     ids=["sequential_degree", "workers_walk", "gns_walk"],
 )
@@ -111,7 +121,7 @@ def half_precision(converted, tmp_path_factory):
 @pytest.mark.parametrize(
     ("dtype", "setup"),
     [
-        ("float16", ("loader=sequential",)),
+        pytest.param("float16", ("loader=sequential",), marks=pytest.mark.slow),
         pytest.param(
             "bfloat16",
             (
