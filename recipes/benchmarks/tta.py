@@ -17,7 +17,10 @@ Per graph, one model (``--model``, GraphSAGE by default), every run a fresh proc
 3. **Ours**: each ``--candidates`` entry is recipe overrides (``defaults``: none beyond the data and
    ``model=<--model>``; ``best``: ``--best``, which may name another model), run with the
    recipe's own validation schedule and early stopping, bounded by the same budget
-   (``trainer.max_time``).
+   (``trainer.max_time``). ``tuned``: ``--best`` swept per graph as DGL is, on the first seed over
+   ``--tune-lrs`` at the first of ``--tune-batches``, then the other batch sizes at the rate that
+   reached the target soonest; kept: the configuration that reached DGL's target soonest (DGL
+   keeps the one reaching its own sweep's best less the margin soonest: about the same target).
 
 A run's **time to target** is the wall time since training started (training and validation both
 counted; data loading and process start not) at its first validation at or above the target; the
@@ -308,21 +311,43 @@ class Bench:
                 )
                 for s in args.seeds
             ]
-        for name in args.candidates:
-            overrides = (args.best if name == "best" else CANDIDATES[name]).split()
-            groups[name] = [
-                self.run(
-                    name,
-                    graph,
-                    s,
-                    {"overrides": " ".join(overrides)},
-                    partial(run_ours, name, overrides, graph, s, args),
-                )
-                for s in args.seeds
-            ]
         base = [r for r in groups["dgl"] if "error" not in r]
         target = statistics.mean(r["val"] for r in base) - args.margin if base else math.nan
+        for name in args.candidates:
+            if name == "tuned":
+                overrides = self.tune_ours(graph, target)
+            else:
+                overrides = (args.best if name == "best" else CANDIDATES[name]).split()
+            groups[name] = [self.ours(name, graph, s, overrides) for s in args.seeds]
         return {"graph": graph, "dgl_config": config, "target": target, "groups": groups}
+
+    def ours(self, name: str, graph: str, seed: int, overrides: list[str]) -> dict:
+        measure = partial(run_ours, name, overrides, graph, seed, self.args)
+        return self.run(name, graph, seed, {"overrides": " ".join(overrides)}, measure)
+
+    def tune_ours(self, graph: str, target: float) -> list[str]:
+        """Our configuration for ``graph``, swept as DGL's is: ``--best`` with each of
+        ``--tune-lrs`` at the first of ``--tune-batches`` on the first seed, then the other batch
+        sizes at the learning rate that got to ``target`` soonest (the highest validation if none
+        did); kept: the configuration that gets to ``target`` soonest."""
+        args = self.args
+        seed = args.seeds[0]
+
+        def sweep_run(lr: float, batch: int) -> tuple[list[str], dict]:
+            overrides = [*args.best.split(), f"model.module.lr={lr:g}", f"loader.batch_size={batch}"]
+            return overrides, self.ours("tuned", graph, seed, overrides)
+
+        def soonest(entry: tuple[list[str], dict]) -> tuple[float, float]:
+            run = entry[1]
+            if "error" in run:
+                return (math.inf, math.inf)
+            reached = time_to(run, target)
+            return (reached[0], 0.0) if reached else (math.inf, -run["val"])
+
+        sweep = [sweep_run(lr, args.tune_batches[0]) for lr in args.tune_lrs]
+        best_lr = args.tune_lrs[sweep.index(min(sweep, key=soonest))]
+        sweep += [sweep_run(best_lr, b) for b in args.tune_batches[1:]]
+        return min(sweep, key=soonest)[0]
 
 
 def table(results: list[dict]) -> list[str]:
@@ -417,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", default="cora,citeseer,amazon_photo,dblp")
     parser.add_argument("--model", choices=("sage", "gcn"), default="sage")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--candidates", default="defaults,best", help="of: defaults, best")
+    parser.add_argument("--candidates", default="defaults,best", help="of: defaults, best, tuned")
     parser.add_argument(
         "--best", default="", help="our best configuration: recipe overrides, space separated"
     )
@@ -426,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--margin", type=float, default=0.005, help="target: DGL's best val less this")
     parser.add_argument("--dgl-lrs", default="0.001,0.003,0.01")
     parser.add_argument("--dgl-batches", default="1024,512")
+    parser.add_argument("--tune-lrs", default="0.003,0.01,0.03", help="the tuned candidate's rates")
+    parser.add_argument("--tune-batches", default="512,1024", help="the tuned candidate's batch sizes")
     parser.add_argument("--dgl-python", default=str(REPO / ".venv-dgl" / "bin" / "python"))
     parser.add_argument("--pyg-python", default="", help="the PyG environment's python (.ci/pyg_env.sh)")
     parser.add_argument(
@@ -436,12 +463,14 @@ def main(argv: list[str] | None = None) -> int:
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.dgl_lrs = floats(args.dgl_lrs)
     args.dgl_batches = [int(b) for b in args.dgl_batches.split(",")]
+    args.tune_lrs = floats(args.tune_lrs)
+    args.tune_batches = [int(b) for b in args.tune_batches.split(",")]
     args.candidates = args.candidates.split(",")
-    unknown = sorted(set(args.candidates) - {*CANDIDATES, "best"})
+    unknown = sorted(set(args.candidates) - {*CANDIDATES, "best", "tuned"})
     if unknown:
-        parser.error(f"unknown candidates {unknown}; known: defaults, best")
-    if "best" in args.candidates and not args.best:
-        parser.error("--candidates has best: give its recipe overrides with --best")
+        parser.error(f"unknown candidates {unknown}; known: defaults, best, tuned")
+    if {"best", "tuned"} & set(args.candidates) and not args.best:
+        parser.error("--candidates has best or tuned: give its recipe overrides with --best")
     if args.out is not None and args.jsonl is None:
         args.jsonl = args.out / "runs.jsonl"
     for folder in (args.out, args.jsonl and args.jsonl.parent):

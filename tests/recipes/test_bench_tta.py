@@ -193,3 +193,38 @@ def test_the_reported_command_quotes_an_argument_with_spaces(monkeypatch):
         header[0]
         == "- command: `python recipes/bench.py tta --best 'model.module.lr=0.01 val_every_batches=10'`"
     )
+
+
+def test_the_tuned_candidate_sweeps_rates_then_batches_and_keeps_the_soonest_to_target(tta, monkeypatch):
+    """Rates at the first batch size, then the other sizes at the rate that got there soonest; the
+    kept configuration's run on the first seed is the sweep's, not measured twice."""
+    reach_s = {("0.003", "512"): None, ("0.01", "512"): 3.0, ("0.03", "512"): 2.0, ("0.03", "1024"): 1.5}
+    measured = []
+
+    def fake_run_ours(name, overrides, graph, seed, args):
+        settings = dict(o.split("=", 1) for o in overrides)
+        key = (settings["model.module.lr"], settings["loader.batch_size"])
+        measured.append((key, seed))
+        seconds = reach_s.get(key)
+        curve = [[seconds, 0, 0.9, 1]] if seconds else [[9.0, 0, 0.6 + 0.1 * (key[0] == "0.01"), 1]]
+        return dict(run(seed, curve), system=name, graph=graph, config={"overrides": " ".join(overrides)})
+
+    monkeypatch.setattr(tta, "run_ours", fake_run_ours)
+    args = argparse.Namespace(
+        seeds=[0, 1],
+        best="val_every_batches=10",
+        tune_lrs=[0.003, 0.01, 0.03],
+        tune_batches=[512, 1024],
+        jsonl=None,
+    )
+    bench = tta.Bench(args)
+    kept = bench.tune_ours("g", target=0.8)
+    assert kept == ["val_every_batches=10", "model.module.lr=0.03", "loader.batch_size=1024"]
+    assert [key for key, _ in measured] == [
+        ("0.003", "512"),
+        ("0.01", "512"),
+        ("0.03", "512"),
+        ("0.03", "1024"),
+    ]
+    assert [bench.ours("tuned", "g", s, kept)["seed"] for s in args.seeds] == [0, 1]
+    assert measured[4:] == [(("0.03", "1024"), 1)]  # seed 0's run came from the sweep
