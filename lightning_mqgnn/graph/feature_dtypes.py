@@ -72,7 +72,8 @@ def narrowed(chunk: np.ndarray, name: str, first_row: int = 0) -> np.ndarray:
         where = values[v, c] if values.dim() > 1 else values[v]
         raise ValueError(
             f"field 'features' has value {float(where)} at node {first_row + v}, column {c}, "
-            f"beyond the range of {name}; store the features as float32 or bfloat16"
+            f"beyond the range of {name}; store the features as "
+            + ("float32 or bfloat16" if name == "float16" else "float32")
         )
     return out.view(torch.uint16).numpy() if name == "bfloat16" else out.numpy()
 

@@ -125,6 +125,10 @@ def test_a_value_beyond_float16s_range_is_refused_naming_node_and_column(small, 
     ):
         write_dataset(small, tmp_path / "e", features_dtype="int8")
     assert [p.name for p in tmp_path.iterdir()] == ["b"]
+    features[57, 3] = 3.4e38  # a float32 that rounds past bfloat16's largest value (3.39e38)
+    with pytest.raises(ValueError) as err:
+        write_dataset(wide, tmp_path / "f", features_dtype="bfloat16")
+    assert _one_line(err).endswith("beyond the range of bfloat16; store the features as float32")
 
 
 def test_rows_are_written_in_chunks(small, tmp_path, monkeypatch):
