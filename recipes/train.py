@@ -157,45 +157,39 @@ def logging_interval(cfg: DictConfig, batches_per_epoch: int) -> int:
 def train(cfg: DictConfig) -> dict[str, float]:
     quiet_lightning()
     pl.seed_everything(cfg.seed, workers=True)
+    # everything the configuration alone decides is built and checked before the dataset loads,
+    # which takes minutes on a large graph
+    model = instantiate(cfg.model.module)
+    # a strategy config is either a Lightning registry name ({name: ddp}) or a _target_ to build
+    strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
+    world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes) if str(cfg.trainer.devices).isdigit() else 1
+    loader = instantiate(cfg.loader)
+    full_graph = getattr(model.func, "full_graph", False)
+    if full_graph != getattr(loader.func, "full_graph", False):
+        raise RecipeError(
+            f"model {cfg.model.name!r} and loader {loader.func.__name__} do not fit: full-graph training "
+            "takes strategy=graph_parallel, pipegcn, pipeqs or gnnpipe, which pick the model and loader"
+        )
+    check_validation_schedule(cfg)
+    run_checkpoints = Path(cfg.trainer.get("default_root_dir") or ".") / "checkpoints"
+    ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_checkpoints)
+    if ckpt_path is not None:
+        check_resumable(cfg, ckpt_path, full_graph)
     dataset = instantiate(cfg.data)
     print(dataset.summary(), flush=True)
-    module = instantiate(cfg.model.module)(
+    module = model(
         in_dim=dataset.num_features,
         num_classes=dataset.num_classes,
         metric=dataset.metric,
         multilabel=dataset.multilabel,
     )
-    # a strategy config is either a Lightning registry name ({name: ddp}) or a _target_ to build
-    strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
-    world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes) if str(cfg.trainer.devices).isdigit() else 1
-    loader = instantiate(cfg.loader)
-    if getattr(module, "full_graph", False) != getattr(loader.func, "full_graph", False):
-        raise RecipeError(
-            f"model {cfg.model.name!r} and loader {loader.func.__name__} do not fit: full-graph training "
-            "takes strategy=graph_parallel, pipegcn, pipeqs or gnnpipe, which pick the model and loader"
-        )
-    full_graph = getattr(module, "full_graph", False)
     if full_graph:  # each rank's partition is the one batch of an epoch
         datamodule, batches = loader(dataset=dataset, aggregation=module.aggregation), 1
     else:
         datamodule = sampled_datamodule(cfg, loader, dataset, module)
         batches = datamodule_batches(datamodule, world)
-    run_checkpoints = Path(cfg.trainer.get("default_root_dir") or ".") / "checkpoints"
-    ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_checkpoints)
     resume = None
     if ckpt_path is not None:
-        if full_graph:
-            raise RecipeError(
-                f"ckpt_path={ckpt_path}: full-graph strategies do not resume (their stale halo and "
-                "activation buffers are not in a checkpoint); sampled training does"
-            )
-        if not epoch_bounded(cfg):
-            raise RecipeError(
-                f"ckpt_path={ckpt_path}: only a run bounded by epochs resumes (Lightning resumes a "
-                f"step-bounded run's epoch-end checkpoint one batch off), not trainer.max_steps="
-                f"{cfg.trainer.max_steps}: start and resume it with trainer.max_steps=null (the recipe's "
-                "cap, step_cap) or -1, and trainer.max_epochs=N"
-            )
         steps_per_epoch = math.ceil(batches / int(cfg.trainer.get("accumulate_grad_batches") or 1))
         resume = checked_resume_checkpoint(cfg, ckpt_path, dict(module.hparams), steps_per_epoch)
         quiet_resumed_checkpoint_dir(resume.parent)
@@ -260,6 +254,32 @@ def train(cfg: DictConfig) -> dict[str, float]:
             flush=True,
         )
     return result
+
+
+def check_validation_schedule(cfg: DictConfig) -> None:
+    """A time share of validation is checked at a batch interval, so it needs one."""
+    if cfg.get("val_time_share") is not None and cfg.val_every_batches < 1:
+        raise RecipeError(
+            f"val_time_share={cfg.val_time_share} checks every val_every_batches batches whether "
+            f"a validation fits the share: give val_every_batches >= 1, not {cfg.val_every_batches}"
+        )
+
+
+def check_resumable(cfg: DictConfig, ckpt_path: str, full_graph: bool) -> None:
+    """What resuming from ``ckpt_path`` needs of the run's settings (the checkpoint's own checks
+    come once the dataset has given the epoch's length)."""
+    if full_graph:
+        raise RecipeError(
+            f"ckpt_path={ckpt_path}: full-graph strategies do not resume (their stale halo and "
+            "activation buffers are not in a checkpoint); sampled training does"
+        )
+    if not epoch_bounded(cfg):
+        raise RecipeError(
+            f"ckpt_path={ckpt_path}: only a run bounded by epochs resumes (Lightning resumes a "
+            f"step-bounded run's epoch-end checkpoint one batch off), not trainer.max_steps="
+            f"{cfg.trainer.max_steps}: start and resume it with trainer.max_steps=null (the recipe's "
+            "cap, step_cap) or -1, and trainer.max_epochs=N"
+        )
 
 
 def checkpoint_plugins(strategy) -> list:
@@ -449,11 +469,7 @@ def recipe_callbacks(
         FitPhase(),
     ]
     if cfg.get("val_time_share") is not None:
-        if cfg.val_every_batches < 1:
-            raise RecipeError(
-                f"val_time_share={cfg.val_time_share} checks every val_every_batches batches whether "
-                f"a validation fits the share: give val_every_batches >= 1, not {cfg.val_every_batches}"
-            )
+        check_validation_schedule(cfg)
         callbacks.append(
             ValidationTimeBudget(share=float(cfg.val_time_share), every_batches=cfg.val_every_batches)
         )

@@ -372,9 +372,17 @@ def test_a_run_validating_within_a_share_of_its_time_resumes_exactly(tmp_path):
     assert result_fields(resumed.stdout)["batches"] == result_fields(through.stdout)["batches"]
 
 
-def test_a_time_share_without_a_batch_interval_is_one_error_line(tmp_path):
-    proc = run_recipe(tmp_path, "data.scale=0.01", "val_time_share=0.5", "val_every_batches=0")
-    assert_one_error_line(proc, "val_time_share=0.5", "val_every_batches >= 1")
+def test_settings_wrong_in_themselves_are_one_error_line_before_the_dataset_loads(tmp_path):
+    """A dataset folder that does not exist would be the error if the recipe loaded it first."""
+    missing = ("data=ondisk", f"data.path={tmp_path / 'missing'}")
+    proc = run_recipe(tmp_path, *missing, "val_time_share=0.5", "val_every_batches=0")
+    line = assert_one_error_line(proc, "val_time_share=0.5", "val_every_batches >= 1")
+    assert "missing" not in line
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_bytes(b"")
+    proc = run_recipe(tmp_path, *missing, f"ckpt_path={ckpt}", "trainer.max_steps=100")
+    line = assert_one_error_line(proc, "only a run bounded by epochs resumes", "trainer.max_steps=100")
+    assert "missing" not in line
 
 
 @pytest.mark.slow  # six rank processes each import the stack
