@@ -159,12 +159,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     pl.seed_everything(cfg.seed, workers=True)
     # everything the configuration alone decides is built and checked before the dataset loads,
     # which takes minutes on a large graph
-    model = instantiate(cfg.model.module)
+    make_module = instantiate(cfg.model.module)  # a partial: the dataset gives its sizes
     # a strategy config is either a Lightning registry name ({name: ddp}) or a _target_ to build
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
     world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes) if str(cfg.trainer.devices).isdigit() else 1
     loader = instantiate(cfg.loader)
-    full_graph = getattr(model.func, "full_graph", False)
+    full_graph = getattr(make_module.func, "full_graph", False)
     if full_graph != getattr(loader.func, "full_graph", False):
         raise RecipeError(
             f"model {cfg.model.name!r} and loader {loader.func.__name__} do not fit: full-graph training "
@@ -177,7 +177,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         check_resumable(cfg, ckpt_path, full_graph)
     dataset = instantiate(cfg.data)
     print(dataset.summary(), flush=True)
-    module = model(
+    module = make_module(
         in_dim=dataset.num_features,
         num_classes=dataset.num_classes,
         metric=dataset.metric,
