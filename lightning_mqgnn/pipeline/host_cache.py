@@ -117,20 +117,28 @@ def host_tier_capacity(dataset: GraphDataset, budget_gb: float, policy: str) -> 
     return capacity
 
 
+def host_tier_scores(dataset: GraphDataset, policy: str, fanouts: list[int] | None = None) -> Tensor:
+    """How ``policy`` ranks ``dataset``'s nodes for the tier (module docstring): float64 [N], the
+    higher the sooner held. ``fanouts`` (input layer first) weight the walk policy's steps as the
+    sampler draws; None: every neighbour."""
+    if policy not in POLICIES:
+        raise ValueError(f"host cache policy must be one of {POLICIES}, got {policy!r}")
+    if policy == "degree":
+        return dataset.graph.source_counts().to(torch.float64)
+    layers = fanouts if fanouts is not None else [-1, -1]
+    return random_walk_distribution(dataset.graph, dataset.train_idx, layers)
+
+
 def host_row_cache(
     dataset: GraphDataset, budget_gb: float, policy: str = "walk", fanouts: list[int] | None = None
 ) -> HostRowCache:
     """The ``budget_gb`` GB of ``dataset``'s feature rows that ``policy`` ranks first (module
     docstring), read from its features in one pass in row order, which leaves none of its pages in
-    the page cache where the file is read at random (``read_rows(keep_cached=False)``). ``fanouts`` (input layer first)
-    weight the walk policy's steps as the sampler draws; None: every neighbour."""
+    the page cache where the file is read at random (``read_rows(keep_cached=False)``). ``fanouts``
+    as ``host_tier_scores`` takes them."""
     capacity = host_tier_capacity(dataset, budget_gb, policy)
     graph, features = dataset.graph, dataset.features
-    if policy == "degree":
-        score = graph.source_counts().to(torch.float64)
-    else:
-        layers = fanouts if fanouts is not None else [-1, -1]
-        score = random_walk_distribution(graph, dataset.train_idx, layers)
+    score = host_tier_scores(dataset, policy, fanouts)
     node_memory = machine_tensor((capacity,), torch.int64, "host-tier-nodes")
     nodes = node_memory.tensor
     torch.sort(torch.topk(score, capacity, sorted=False).indices, out=(nodes, torch.empty_like(nodes)))
