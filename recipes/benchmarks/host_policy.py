@@ -315,14 +315,14 @@ def table(run: dict, policies: list[str]) -> list[str]:
             f"{b['policies'][p]['hit_rate']:.3f} / {b['policies'][p]['hit_rate_after_first_epoch']:.3f}"
             for p in policies
         ]
-        rows.append(f"| {b['share']:.0%} ({b['gb']:.3g} GB) | " + " | ".join(cells) + " |")
+        rows.append(f"| {b['share'] * 100:g}% ({b['gb']:.3g} GB) | " + " | ".join(cells) + " |")
     adaptive = [p for p in policies if p in ADAPTIVE]
     if adaptive:
         rows += ["", "Replay bookkeeping per batch (us, one thread, no lock, no row copied):", ""]
         rows += ["| budget | " + " | ".join(adaptive) + " |", "|" + "---|" * (len(adaptive) + 1)]
         for b in run["budgets"]:
             cells = [f"{b['policies'][p]['us_per_batch']:,.0f}" for p in adaptive]
-            rows.append(f"| {b['share']:.0%} | " + " | ".join(cells) + " |")
+            rows.append(f"| {b['share'] * 100:g}% | " + " | ".join(cells) + " |")
     return rows
 
 
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     header += [
         f"- graph: {args.data} ({run['nodes']:,} nodes, {run['edges']:,} edges, {run['train_nodes']:,} "
         f"training nodes, rows of {run['row_bytes']} bytes); {args.model} batches of {args.batch_size}, "
-        f"{args.epochs} epochs = {run['batches']} batches ({run['batches_per_epoch']} an epoch), "
+        f"{args.epochs} epoch(s) = {run['batches']} batches ({run['batches_per_epoch']} an epoch), "
         f"{run['reads_per_batch']:,.0f} rows read a batch, {run['distinct_rows_read']:,} distinct rows "
         f"read in all (trace drawn in {run['trace_s']:.0f} s)",
         "- cells: hit rate over all batches / after the first epoch",
