@@ -15,11 +15,14 @@ Which rows (``policy``), each the expected count of a node among a batch's input
   a sampler that reads every in-edge of its frontier meets in proportion to.
 - ``"walk"``: the mass of short walks from the training set down the sampler's fan-outs (eq.
   15-16 of the MQ-GNN paper, the GNS cache's distribution, ``random_walk_distribution``): it
-  also counts how near the training nodes a node lies. BENCHMARKS.md measures the two against
-  each other and against the page cache alone.
+  also counts how near the training nodes a node lies.
 
 Both are static: the rows are chosen once, and a batch never writes the tier, so the workers
-share it with no locking. A row that the device cache (GNS) serves never reaches this tier.
+share it with no locking. Each batch draws fresh seeds, so a row's chance of being read is fixed,
+and holding the rows most likely read beats replacing by recency: replayed on the recipe's
+batches, ``walk`` holds 1.35x-2.9x the rows LRU or CLOCK would (``recipes/bench.py host_policy``;
+BENCHMARKS.md also measures the policies against the page cache alone). A row that the device
+cache (GNS) serves never reaches this tier.
 
 One tier per machine: it lies in memory that any process of the machine can map
 (``pipeline/machine_memory.py``), so a sampler worker, however started, maps it instead of
