@@ -37,6 +37,14 @@ PRIVATE_APIS: dict[str, str] = {
         "strategy/mqgnn.py: the DistributedDataParallel arguments the user passed, checked "
         "against what the gradient queues support; DDPStrategy keeps them only in this attribute"
     ),
+    "torch.distributed.distributed_c10d._set_pg_timeout": (
+        "strategy/mqgnn.py: shortens the timeout of the default process group (and the comm "
+        "hooks' group) for the training loop and restores it after (step_timeout): Lightning "
+        "broadcasts on the default group before every training step and swallows that "
+        "broadcast's error, so a hung rank holds the others for the group's whole timeout, which "
+        "must stay long for the rendezvous and setup. torch sets a group's timeout only at "
+        "creation"
+    ),
     "lightning.fabric.utilities.types._PATH": (
         "strategy/mqgnn.py: the path type of the overridden save_checkpoint/load_checkpoint, "
         "kept identical to the signatures of the Strategy methods they override"

@@ -11,6 +11,7 @@ the run's own overrides.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import logging
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import hydra
 import lightning.pytorch as pl
+import psutil
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
@@ -536,10 +538,24 @@ def main(cfg: DictConfig) -> None:
         log = Path(HydraConfig.get().runtime.output_dir) / f"error_rank{err.rank}.log"
         log.write_text("".join(traceback.format_exception(err)))
         print(f"error: {err} (traceback: {log})", file=sys.stderr, flush=True)
+        end_launched_ranks()
         sys.exit(1)
     except (InstantiationException, OmegaConfBaseException) as err:
         print(f"error: {config_error_line(err)}", file=sys.stderr, flush=True)
         sys.exit(2)
+
+
+def end_launched_ranks(grace_s: float = 0.5) -> None:
+    """End what this process started and left running: Lightning's launcher starts a machine's
+    other ranks as children of rank 0 and leaves them when rank 0 fails, so a rank that hangs
+    would outlive the run. Each gets ``grace_s`` to end by itself (a rank whose collective failed
+    too says its own line), then it is killed, its sampler workers with it."""
+    children = psutil.Process().children(recursive=True)
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def config_error_line(err: InstantiationException | OmegaConfBaseException) -> str:

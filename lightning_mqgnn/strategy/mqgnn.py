@@ -8,6 +8,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -21,6 +22,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor
+from torch.distributed.constants import default_pg_timeout
+from torch.distributed.distributed_c10d import _set_pg_timeout
 from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
@@ -53,6 +56,10 @@ from lightning_mqgnn.strategy.sync_period import (
 )
 
 CHECKPOINT_KEY = "mqgnn_strategy"
+# how long a collective of the training loop waits for the other ranks: a rank that hangs ends the
+# others this soon, while setup, the sanity check and test keep the process group's own timeout
+# (Lightning's 30 minutes: a rank loading a large dataset is not a hung one)
+DEFAULT_STEP_TIMEOUT_S = 30.0
 # DistributedDataParallel keyword arguments that keep a meaning without the wrapper.
 _QUEUE_DDP_KWARGS = frozenset({"find_unused_parameters", "broadcast_buffers", "bucket_cap_mb"})
 # the others, accepted at staleness > 0 only where they hold DistributedDataParallel's default
@@ -114,6 +121,15 @@ class MQGNNStrategy(DDPStrategy):
             graph (see ``graph_size_from_datamodule``), else ``FALLBACK_SYNC_PERIOD``. Unused at staleness 0.
         sync_scale: the scale factor k of eq. 23 (see ``DEFAULT_SYNC_SCALE`` for the choice).
         sync_optimizer_state: also average the optimiser's per-parameter tensors at each sync.
+        step_timeout: seconds a collective waits for the other ranks from the training loop's
+            start to its end (the gradient queue's reductions and its hooks', DDP's all-reduce,
+            the model synchronisation, Lightning's per-step broadcast, validation metrics,
+            checkpoint barriers) before it fails (``RankFailure``), so a rank that hangs ends the
+            others this soon. Outside the loop (the rendezvous, setup, the sanity check, test) and
+            where the ranks meet once each epoch's first batch is in (they may arrive far apart
+            for good reasons: a dataset or a loader that takes long to start), the process
+            group's ``timeout`` holds (Lightning's 30 minutes). A checkpoint must be written
+            within it. None: ``timeout`` throughout.
         **kwargs: passed to ``DDPStrategy`` (accelerator, cluster_environment, process_group_backend, timeout,
             start_method, DDP keyword arguments, comm hooks). At staleness > 0 ``find_unused_parameters``,
             ``broadcast_buffers`` and ``bucket_cap_mb`` of the DDP keyword arguments apply; the others are
@@ -128,8 +144,17 @@ class MQGNNStrategy(DDPStrategy):
         sync_period: int | None = None,
         sync_scale: float = DEFAULT_SYNC_SCALE,
         sync_optimizer_state: bool = True,
+        step_timeout: float | None = DEFAULT_STEP_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
+        if step_timeout is not None and (
+            isinstance(step_timeout, bool)
+            or not isinstance(step_timeout, (int, float))
+            or not step_timeout > 0
+        ):
+            raise ValueError(
+                f"MQGNNStrategy: step_timeout must be None or a number of seconds > 0, got {step_timeout!r}"
+            )
         self.adaptive = staleness == "auto"
         if self.adaptive:
             if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 1:
@@ -181,6 +206,9 @@ class MQGNNStrategy(DDPStrategy):
         self._ddp_hook_bytes: int | None = 0
         self._hooked: HookedBuckets | None = None
         self._hook_group: Any = None
+        self.step_timeout = None if step_timeout is None else timedelta(seconds=float(step_timeout))
+        self.group_timeout: timedelta = kwargs.get("timeout") or default_pg_timeout
+        self._epoch_met: int | None = None  # the epoch whose first batch the ranks last met at
         self.staleness = staleness
         self.max_staleness = max_staleness
         self.sync_scale = float(sync_scale)
@@ -278,6 +306,7 @@ class MQGNNStrategy(DDPStrategy):
                 self._hooked = None
         self._queues = {}
         self._reducer = None
+        self._set_timeout(self.group_timeout)  # a fit that failed never reached on_train_end
         super().teardown()
 
     @override
@@ -347,6 +376,36 @@ class MQGNNStrategy(DDPStrategy):
     def on_train_end(self) -> None:
         super().on_train_end()
         self._broadcast_buffers_from_rank_zero()
+        self._set_timeout(self.group_timeout)
+
+    # ----------------------------------------------------------------- timeouts
+    def _set_timeout(self, timeout: timedelta | None) -> None:
+        """Let every later collective of this rank's process groups wait at most ``timeout``."""
+        if timeout is None or not dist.is_initialized():
+            return
+        for group in [None] + ([self._hook_group] if self._hook_group is not None else []):
+            _set_pg_timeout(timeout, group)
+
+    @override
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        self._set_timeout(self.step_timeout)
+        self._epoch_met = None
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        trainer = None if self.lightning_module is None else self.lightning_module._trainer
+        if self.step_timeout is None or trainer is None or trainer.current_epoch == self._epoch_met:
+            return
+        # an epoch's first batch may take each rank a different while (its loader's start, a GNS
+        # cache refilled from the disk): the ranks meet once it is in, under the group's own
+        # timeout, before the steps' timeout counts again
+        self._epoch_met = trainer.current_epoch
+        self._set_timeout(self.group_timeout)
+        with collective_phase("training"):
+            super().barrier("train epoch start")
+        self._set_timeout(self.step_timeout)
 
     # ----------------------------------------------------------------- training step
     def make_reducer(self) -> Reducer:

@@ -116,6 +116,25 @@ def synthetic_data(n: int = 128, seed: int = 0) -> TensorDataset:
     return TensorDataset(x, y)
 
 
+class LateEpochStart(TensorDataset):
+    """On rank 1, the first sample of each epoch takes ``delay_s``: a loader that starts slowly
+    there. A rank reads its share of the samples once an epoch, so every share's first read is an
+    epoch's first."""
+
+    def __init__(self, data: TensorDataset, delay_s: float) -> None:
+        super().__init__(*data.tensors)
+        self.delay_s = delay_s
+        self.reads = 0
+
+    def __getitem__(self, index):
+        dist = torch.distributed
+        if dist.is_initialized() and dist.get_rank() == 1:
+            if self.reads % (len(self) // dist.get_world_size()) == 0:
+                time.sleep(self.delay_s)
+            self.reads += 1
+        return super().__getitem__(index)
+
+
 def flat_state(module: nn.Module) -> torch.Tensor:
     """Parameters and float buffers as one vector (what must agree across ranks)."""
     tensors = [p.detach().reshape(-1) for p in module.parameters()]
@@ -333,6 +352,9 @@ SCENARIOS.update(
             dict(HOOK_FIT, epochs=6),
         ),
         "auto_fast": (dict(staleness="auto", max_staleness=3, sync_period=6), dict(HOOK_FIT, epochs=6)),
+        # each epoch's first batch 3 s late on rank 1, under a 1.5 s step timeout
+        "late_epoch_start_s1": (dict(staleness=1, step_timeout=1.5), dict(HOOK_FIT, late_start_s=3.0)),
+        "late_epoch_start_s0": (dict(staleness=0, step_timeout=1.5), dict(HOOK_FIT, late_start_s=3.0)),
     }
 )
 
@@ -416,7 +438,8 @@ def run_scenario(name: str, strategy_spec, opts: dict, out_root: Path, devices: 
         num_sanity_val_steps=0,
     )
     data = synthetic_data()
-    loader = DataLoader(data, batch_size=16, shuffle=False)
+    late = opts.get("late_start_s")
+    loader = DataLoader(data if late is None else LateEpochStart(data, late), batch_size=16, shuffle=False)
     val_loader = DataLoader(synthetic_data(64, seed=1), batch_size=16) if validate else None
     init_loss = full_data_loss(model, data)
     error = None

@@ -115,3 +115,13 @@ def test_a_rank_on_another_host_or_still_running_is_not_named(peers):
     assert dead_ranks(rank=0, world=2, grace_s=0.0) == [1]  # in a group of two: the other
     peers()  # peers never exchanged (a group of two)
     assert dead_ranks(rank=1, world=2) == [0] and dead_ranks(rank=1, world=3) == []
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, True, "30"])
+def test_a_step_timeout_that_is_not_a_positive_number_of_seconds_is_refused(bad):
+    from lightning_mqgnn.strategy import MQGNNStrategy
+
+    with pytest.raises(ValueError, match=r"step_timeout must be None or a number of seconds > 0, got"):
+        MQGNNStrategy(step_timeout=bad)
+    assert MQGNNStrategy(step_timeout=None).step_timeout is None
+    assert MQGNNStrategy(step_timeout=2).step_timeout.total_seconds() == 2.0
