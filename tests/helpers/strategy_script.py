@@ -354,7 +354,6 @@ SCENARIOS.update(
         "auto_fast": (dict(staleness="auto", max_staleness=3, sync_period=6), dict(HOOK_FIT, epochs=6)),
         # each epoch's first batch 3 s late on rank 1, under a 1.5 s step timeout
         "late_epoch_start_s1": (dict(staleness=1, step_timeout=1.5), dict(HOOK_FIT, late_start_s=3.0)),
-        "late_epoch_start_s0": (dict(staleness=0, step_timeout=1.5), dict(HOOK_FIT, late_start_s=3.0)),
     }
 )
 
