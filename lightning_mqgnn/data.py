@@ -18,7 +18,12 @@ from lightning_mqgnn.pipeline.device_loader import (
     check_device_sampler,
     resolve_placement,
 )
-from lightning_mqgnn.pipeline.host_cache import host_row_cache, host_tier_capacity, shared_host_row_cache
+from lightning_mqgnn.pipeline.host_cache import (
+    host_row_cache,
+    host_tier_capacity,
+    sampler_fanouts,
+    shared_host_row_cache,
+)
 from lightning_mqgnn.pipeline.loader import PipelinedLoader
 from lightning_mqgnn.pipeline.placement import DEFAULT_MARGIN, Placement, check_place
 from lightning_mqgnn.pipeline.plan import EpochPlan
@@ -226,8 +231,7 @@ class MQGNNDataModule(pl.LightningDataModule):
         filled by its local rank 0 and mapped by the others (``shared_host_row_cache``)."""
         if not self.host_cache_gb or self.source.host_cache is not None:
             return
-        sampler = self.sampler
-        fanouts = getattr(sampler, "fanouts", None) or [-1] * sampler.num_layers
+        fanouts = sampler_fanouts(self.sampler)
 
         def build():
             return host_row_cache(self.dataset, self.host_cache_gb, self.host_cache_policy, fanouts)

@@ -105,11 +105,22 @@ class HostRowCache:
         return self.nodes.index_select(0, pos) == ids, pos
 
 
+def check_policy(policy: str) -> None:
+    """ValueError for a policy that is not one of ``POLICIES``."""
+    if policy not in POLICIES:
+        raise ValueError(f"host cache policy must be one of {POLICIES}, got {policy!r}")
+
+
+def sampler_fanouts(sampler) -> list[int]:
+    """The fan-outs the walk policy follows for ``sampler`` (input layer first): its own, or every
+    neighbour in each of its layers for a sampler without fan-outs."""
+    return getattr(sampler, "fanouts", None) or [-1] * sampler.num_layers
+
+
 def host_tier_capacity(dataset: GraphDataset, budget_gb: float, policy: str) -> int:
     """How many of ``dataset``'s feature rows ``budget_gb`` GB hold; ValueError for a policy that is
     not one of ``POLICIES`` or a budget that holds no row."""
-    if policy not in POLICIES:
-        raise ValueError(f"host cache policy must be one of {POLICIES}, got {policy!r}")
+    check_policy(policy)
     if not budget_gb > 0:
         raise ValueError(f"host cache budget must be a positive number of GB, got {budget_gb}")
     features = dataset.features
@@ -124,8 +135,7 @@ def host_tier_scores(dataset: GraphDataset, policy: str, fanouts: list[int] | No
     """How ``policy`` ranks ``dataset``'s nodes for the tier (module docstring): float64 [N], the
     higher the sooner held. ``fanouts`` (input layer first) weight the walk policy's steps as the
     sampler draws; None: every neighbour."""
-    if policy not in POLICIES:
-        raise ValueError(f"host cache policy must be one of {POLICIES}, got {policy!r}")
+    check_policy(policy)
     if policy == "degree":
         return dataset.graph.source_counts().to(torch.float64)
     layers = fanouts if fanouts is not None else [-1, -1]

@@ -395,13 +395,13 @@ class MQGNNStrategy(DDPStrategy):
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
-        trainer = None if self.lightning_module is None else self.lightning_module._trainer
-        if self.step_timeout is None or trainer is None or trainer.current_epoch == self._epoch_met:
+        epoch = self.lightning_module.trainer.current_epoch  # called by the fit loop: a trainer is there
+        if self.step_timeout is None or epoch == self._epoch_met:
             return
         # an epoch's first batch may take each rank a different while (its loader's start, a GNS
         # cache refilled from the disk): the ranks meet once it is in, under the group's own
         # timeout, before the steps' timeout counts again
-        self._epoch_met = trainer.current_epoch
+        self._epoch_met = epoch
         self._set_timeout(self.group_timeout)
         with collective_phase("training"):
             super().barrier("train epoch start")

@@ -264,12 +264,12 @@ def hit_rates(hits: np.ndarray, offsets: np.ndarray, per_epoch: int) -> tuple[fl
 
 
 def measure(dataset, sampler, args) -> dict:
-    from lightning_mqgnn.pipeline.host_cache import host_tier_scores
+    from lightning_mqgnn.pipeline.host_cache import host_tier_scores, sampler_fanouts
 
     t0 = time.perf_counter()
     trace, offsets, per_epoch = read_trace(dataset, sampler, args.batch_size, args.epochs, args.seed)
     n = dataset.graph.num_nodes
-    fanouts = getattr(sampler, "fanouts", None) or [-1] * sampler.num_layers
+    fanouts = sampler_fanouts(sampler)
     scores = {p: host_tier_scores(dataset, p, fanouts).numpy() for p in ("degree", "walk")}
     scores["hindsight"] = np.bincount(trace, minlength=n).astype(np.float64)
     trace_s = time.perf_counter() - t0
