@@ -38,12 +38,13 @@ PRIVATE_APIS: dict[str, str] = {
         "against what the gradient queues support; DDPStrategy keeps them only in this attribute"
     ),
     "torch.distributed.distributed_c10d._set_pg_timeout": (
-        "strategy/mqgnn.py: shortens the timeout of the default process group (and the comm "
+        "strategy/process_group.py, for strategy/mqgnn.py: shortens the timeout of the default process group (and the comm "
         "hooks' group) for the training loop and restores it after (step_timeout): Lightning "
         "broadcasts on the default group before every training step and swallows that "
         "broadcast's error, so a hung rank holds the others for the group's whole timeout, which "
-        "must stay long for the rendezvous and setup. torch sets a group's timeout only at "
-        "creation"
+        "must stay long for the rendezvous and setup. Up to torch 2.13 no public API changes a "
+        "group's timeout after its creation; the public torch.distributed.set_timeout is taken "
+        "where a torch has it"
     ),
     "lightning.fabric.utilities.types._PATH": (
         "strategy/mqgnn.py: the path type of the overridden save_checkpoint/load_checkpoint, "

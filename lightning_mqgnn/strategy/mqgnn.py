@@ -23,7 +23,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.distributed.constants import default_pg_timeout
-from torch.distributed.distributed_c10d import _set_pg_timeout
 from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
@@ -46,7 +45,7 @@ from lightning_mqgnn.strategy.model_sync import (
     gather_buffers,
     sync_tensors,
 )
-from lightning_mqgnn.strategy.process_group import destroy_process_group_at_exit
+from lightning_mqgnn.strategy.process_group import can_set_timeout, destroy_process_group_at_exit, set_timeout
 from lightning_mqgnn.strategy.rank_failure import RankFailure, collective_phase, remember_peers
 from lightning_mqgnn.strategy.sync_period import (
     DEFAULT_SYNC_SCALE,
@@ -206,6 +205,13 @@ class MQGNNStrategy(DDPStrategy):
         self._ddp_hook_bytes: int | None = 0
         self._hooked: HookedBuckets | None = None
         self._hook_group: Any = None
+        if step_timeout is not None and not can_set_timeout():
+            rank_zero_warn(
+                f"MQGNNStrategy: step_timeout={step_timeout} needs torch >= 2.3, which can change a "
+                f"process group's timeout; torch {torch.__version__} cannot, so the group's `timeout` "
+                "bounds every collective and a hung rank holds the others that long"
+            )
+            step_timeout = None
         self.step_timeout = None if step_timeout is None else timedelta(seconds=float(step_timeout))
         self.group_timeout: timedelta = kwargs.get("timeout") or default_pg_timeout
         self._epoch_met: int | None = None  # the epoch whose first batch the ranks last met at
@@ -384,7 +390,7 @@ class MQGNNStrategy(DDPStrategy):
         if timeout is None or not dist.is_initialized():
             return
         for group in [None] + ([self._hook_group] if self._hook_group is not None else []):
-            _set_pg_timeout(timeout, group)
+            set_timeout(timeout, group)
 
     @override
     def on_train_start(self) -> None:

@@ -1,10 +1,39 @@
-"""The process groups' end: destroyed while the interpreter is whole."""
+"""The process groups' timeout, changed after their creation, and their end: destroyed while the
+interpreter is whole."""
 
 from __future__ import annotations
 
 import atexit
+from datetime import timedelta
+from typing import Any
 
+import torch
 import torch.distributed as dist
+
+try:  # torch >= 2.3; torch 2.2 fixes a group's timeout when it creates the group
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+except ImportError:
+    _set_pg_timeout = None
+
+
+def can_set_timeout() -> bool:
+    """Whether this torch can change a process group's timeout after creating it."""
+    return getattr(dist, "set_timeout", None) is not None or _set_pg_timeout is not None
+
+
+def set_timeout(timeout: timedelta, group: Any = None) -> None:
+    """Let every later collective of ``group`` (None: the default group) wait at most ``timeout``.
+
+    torch's public ``torch.distributed.set_timeout`` where it exists, else its private
+    ``_set_pg_timeout``; ``can_set_timeout`` says whether either does.
+    """
+    public = getattr(dist, "set_timeout", None)
+    if public is not None:
+        public(timeout, group)
+    elif _set_pg_timeout is not None:
+        _set_pg_timeout(timeout, group)
+    else:
+        raise RuntimeError(f"torch {torch.__version__} cannot change a process group's timeout")
 
 
 def _destroy_process_group() -> None:

@@ -125,3 +125,17 @@ def test_a_step_timeout_that_is_not_a_positive_number_of_seconds_is_refused(bad)
         MQGNNStrategy(step_timeout=bad)
     assert MQGNNStrategy(step_timeout=None).step_timeout is None
     assert MQGNNStrategy(step_timeout=2).step_timeout.total_seconds() == 2.0
+
+
+def test_a_torch_that_cannot_change_a_groups_timeout_keeps_the_groups_own_and_says_so(monkeypatch):
+    # torch 2.2 (the DGL environment's) has neither torch.distributed.set_timeout nor _set_pg_timeout
+    from lightning_mqgnn.strategy import MQGNNStrategy, process_group
+
+    monkeypatch.setattr(process_group, "_set_pg_timeout", None)
+    monkeypatch.delattr(dist, "set_timeout", raising=False)
+    assert not process_group.can_set_timeout()
+    with pytest.warns(UserWarning, match=r"step_timeout=30.0 needs torch >= 2.3.*the group's `timeout`"):
+        strategy = MQGNNStrategy()
+    assert strategy.step_timeout is None
+    with pytest.raises(RuntimeError, match=r"cannot change a process group's timeout"):
+        process_group.set_timeout(strategy.group_timeout)
