@@ -3,7 +3,7 @@
 SAGE (the recipe's model: 2 layers, hidden 256, fan-out 5,5, Adam lr 1e-3) on a graph, trained by
 ``--ranks`` CPU processes (gloo) under plain DDP (``MQGNNStrategy`` at staleness 0, DDP bit for bit)
 and the gradient queue at staleness 1 and ``"auto"``, each with no comm hook, torch's fp16 and
-PowerSGD (rank 1 and 4) hooks and 4-bit ``quantize_hook``, behind a SIMULATED link of a given
+PowerSGD (rank 1 and 4) hooks and ``quantize_hook`` (4 bits; 4 and 2 with error feedback), behind a SIMULATED link of a given
 bandwidth and latency. The link is one wire per rank: a collective's messages are delivered once
 the wire has carried the rank's bytes (a ring all-reduce of p payload bytes carries
 2 (w - 1) / w * p, an all-gather (w - 1) * p) and the latency has passed, queued behind what the
@@ -37,11 +37,15 @@ CONFIGS = {  # name: (staleness, hook)
     "DDP": (0, None),
     "DDP fp16": (0, "fp16"),
     "DDP q4": (0, "q4"),
+    "DDP q4 ef": (0, "q4ef"),
+    "DDP q2 ef": (0, "q2ef"),
+    "DDP PowerSGD r4": (0, "powersgd4"),
     "s1": (1, None),
     "s1 fp16": (1, "fp16"),
     "s1 PowerSGD r1": (1, "powersgd1"),
     "s1 PowerSGD r4": (1, "powersgd4"),
     "s1 q4": (1, "q4"),
+    "s1 q4 ef": (1, "q4ef"),
     "auto": ("auto", None),
     "auto q4": ("auto", "q4"),
 }
@@ -143,8 +147,9 @@ def _hook_and_state(name: str | None):
             process_group=None, matrix_approximation_rank=int(name[len("powersgd") :]), start_powerSGD_iter=2
         )
         return powerSGD_hook.powerSGD_hook, state, False
-    if name == "q4":
-        return quantize_hook, QuantizeState(bits=4), True
+    if name.startswith("q"):  # q<bits>, then "ef" for error feedback
+        bits, feedback = name[1:].removesuffix("ef"), name.endswith("ef")
+        return quantize_hook, QuantizeState(bits=int(bits), error_feedback=feedback), True
     raise ValueError(f"unknown hook {name!r}")
 
 

@@ -51,3 +51,14 @@ def test_two_ranks_report_bytes_wait_epoch_and_test_per_configuration(compressed
 def test_an_unknown_configuration_is_refused(compressed):
     with pytest.raises(SystemExit):
         compressed.main(["--configs", "DDP,s9"])
+
+
+@pytest.mark.parametrize(
+    ("name", "bits", "feedback"), [("q4", 4, False), ("q4ef", 4, True), ("q2ef", 2, True)]
+)
+def test_a_quantising_configuration_names_its_bits_and_error_feedback(compressed, name, bits, feedback):
+    from lightning_mqgnn.strategy import quantize_hook
+
+    hook, state, gathers = compressed._hook_and_state(name)
+    assert hook is quantize_hook and gathers
+    assert (state.bits, state.error_feedback) == (bits, feedback)
