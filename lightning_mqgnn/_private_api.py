@@ -46,6 +46,13 @@ PRIVATE_APIS: dict[str, str] = {
         "group's timeout after its creation; the public torch.distributed.set_timeout is taken "
         "where a torch has it"
     ),
+    "torch.distributed.distributed_c10d._get_default_store": (
+        "strategy/epoch_meeting.py: the store of the default process group, in which the ranks "
+        "meet at an epoch's first batch while each watches the others on its host; a collective "
+        "would wait there for a stopped rank as long as for a slow one. torch exposes no public "
+        "accessor of a group's store, and a TCPStore built from MASTER_ADDR/MASTER_PORT would miss "
+        "groups started from a file, a custom store or torchrun's agent store"
+    ),
     "lightning.fabric.utilities.types._PATH": (
         "strategy/mqgnn.py: the path type of the overridden save_checkpoint/load_checkpoint, "
         "kept identical to the signatures of the Strategy methods they override"

@@ -38,6 +38,7 @@ from lightning_mqgnn.strategy.comm_hook import (
     payload_meter,
     with_process_group,
 )
+from lightning_mqgnn.strategy.epoch_meeting import meet
 from lightning_mqgnn.strategy.gradient_queue import GradientQueue, UnusedParametersError
 from lightning_mqgnn.strategy.model_sync import (
     average_across_ranks,
@@ -124,11 +125,13 @@ class MQGNNStrategy(DDPStrategy):
             start to its end (the gradient queue's reductions and its hooks', DDP's all-reduce,
             the model synchronisation, Lightning's per-step broadcast, validation metrics,
             checkpoint barriers) before it fails (``RankFailure``), so a rank that hangs ends the
-            others this soon. Outside the loop (the rendezvous, setup, the sanity check, test) and
-            where the ranks meet once each epoch's first batch is in (they may arrive far apart
-            for good reasons: a dataset or a loader that takes long to start), the process
-            group's ``timeout`` holds (Lightning's 30 minutes). A checkpoint must be written
-            within it. None: ``timeout`` throughout.
+            others this soon. Outside the loop (the rendezvous, setup, the sanity check, test) the
+            process group's ``timeout`` holds (Lightning's 30 minutes). Once each epoch's first
+            batch is in, where the ranks may arrive far apart for good reasons (a loader that
+            takes long to start), they meet in the group's store (``epoch_meeting.meet``): a slow
+            rank is waited for up to ``timeout``, a stopped or ended one on the same host for
+            ``step_timeout``. A checkpoint must be written within it. None: ``timeout``
+            throughout, and the ranks meet at no epoch's start. Needs torch >= 2.3.
         **kwargs: passed to ``DDPStrategy`` (accelerator, cluster_environment, process_group_backend, timeout,
             start_method, DDP keyword arguments, comm hooks). At staleness > 0 ``find_unused_parameters``,
             ``broadcast_buffers`` and ``bucket_cap_mb`` of the DDP keyword arguments apply; the others are
@@ -252,7 +255,7 @@ class MQGNNStrategy(DDPStrategy):
     def setup_distributed(self) -> None:
         super().setup_distributed()
         destroy_process_group_at_exit()
-        if self.world_size > 2:  # in a group of two a failed peer is the other rank
+        if self.world_size > 1:  # to name a failed rank on this host, and to watch it at a meeting
             remember_peers()
         if self.staleness > 0 and self.comm_hook is not None and self._hook_group is None:
             self._hook_group = new_hook_group(dist.get_backend())
@@ -405,13 +408,11 @@ class MQGNNStrategy(DDPStrategy):
         if self.step_timeout is None or epoch == self._epoch_met:
             return
         # an epoch's first batch may take each rank a different while (its loader's start, a GNS
-        # cache refilled from the disk): the ranks meet once it is in, under the group's own
-        # timeout, before the steps' timeout counts again
+        # cache refilled from the disk): the ranks meet once it is in, waiting for slow ranks up
+        # to the group's own timeout and for a stopped one step_timeout, as in a step
         self._epoch_met = epoch
-        self._set_timeout(self.group_timeout)
-        with collective_phase("training"):
-            super().barrier("train epoch start")
-        self._set_timeout(self.step_timeout)
+        if self.world_size > 1:
+            meet("training", self.step_timeout.total_seconds(), self.group_timeout.total_seconds())
 
     # ----------------------------------------------------------------- training step
     def make_reducer(self) -> Reducer:

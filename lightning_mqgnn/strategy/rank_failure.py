@@ -47,22 +47,42 @@ def remember_peers() -> None:
     _peers = [peer for peer in peers if peer is not None]
 
 
-def _ended(pid: int) -> bool:
+def _status(pid: int) -> str:
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status()
     except psutil.NoSuchProcess:
-        return True
+        return psutil.STATUS_DEAD
+
+
+def _ended(pid: int) -> bool:
+    return _status(pid) in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+def _local_ranks(rank: int, world: int) -> list[int]:
+    """The other ranks on this host, as ``remember_peers`` recorded them (none before)."""
+    here = socket.gethostname()
+    if len(_peers) != world:
+        return []
+    return [r for r, peer in enumerate(_peers) if r != rank and peer.host == here]
+
+
+def halted_ranks(rank: int, world: int) -> dict[int, str]:
+    """The ranks on this host whose process has ended (``"ended"``) or is stopped
+    (``"stopped"``: SIGSTOP, a job control stop), by rank."""
+    halted = {}
+    for r in _local_ranks(rank, world):
+        status = _status(_peers[r].pid)
+        if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            halted[r] = "ended"
+        elif status == psutil.STATUS_STOPPED:
+            halted[r] = "stopped"
+    return halted
 
 
 def dead_ranks(rank: int, world: int, grace_s: float = DEATH_GRACE_S) -> list[int]:
     """The ranks whose process has ended, among those on this host (``remember_peers``); in a
     group of two where none is seen, the other rank (it is the only peer)."""
-    here = socket.gethostname()
-    local = (
-        [r for r, peer in enumerate(_peers) if r != rank and peer.host == here]
-        if len(_peers) == world
-        else []
-    )
+    local = _local_ranks(rank, world)
     deadline = time.monotonic() + grace_s
     while local:
         dead = [r for r in local if _ended(_peers[r].pid)]

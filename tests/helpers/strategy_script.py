@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -132,6 +133,24 @@ class LateEpochStart(TensorDataset):
             if self.reads % (len(self) // dist.get_world_size()) == 0:
                 time.sleep(self.delay_s)
             self.reads += 1
+        return super().__getitem__(index)
+
+
+class StopsAtEpochStart(LateEpochStart):
+    """On rank 1, the first sample of the second epoch stops the process (SIGSTOP): a rank that
+    hangs while its loader starts an epoch."""
+
+    def __init__(self, data: TensorDataset) -> None:
+        super().__init__(data, 0.0)
+
+    def __getitem__(self, index):
+        dist = torch.distributed
+        if (
+            dist.is_initialized()
+            and dist.get_rank() == 1
+            and self.reads == len(self) // dist.get_world_size()
+        ):
+            os.kill(os.getpid(), signal.SIGSTOP)
         return super().__getitem__(index)
 
 
@@ -354,6 +373,11 @@ SCENARIOS.update(
         "auto_fast": (dict(staleness="auto", max_staleness=3, sync_period=6), dict(HOOK_FIT, epochs=6)),
         # each epoch's first batch 3 s late on rank 1, under a 1.5 s step timeout
         "late_epoch_start_s1": (dict(staleness=1, step_timeout=1.5), dict(HOOK_FIT, late_start_s=3.0)),
+        # run on its own (the stopped rank never ends): see test_rank_failure_distributed.py
+        "stopped_epoch_start_s1": (
+            dict(staleness=1, step_timeout=2.0),
+            dict(HOOK_FIT, stop_at_epoch_start=True, expect_error=True),
+        ),
     }
 )
 
@@ -438,7 +462,11 @@ def run_scenario(name: str, strategy_spec, opts: dict, out_root: Path, devices: 
     )
     data = synthetic_data()
     late = opts.get("late_start_s")
-    loader = DataLoader(data if late is None else LateEpochStart(data, late), batch_size=16, shuffle=False)
+    if opts.get("stop_at_epoch_start"):
+        data = StopsAtEpochStart(data)
+    elif late is not None:
+        data = LateEpochStart(data, late)
+    loader = DataLoader(data, batch_size=16, shuffle=False)
     val_loader = DataLoader(synthetic_data(64, seed=1), batch_size=16) if validate else None
     init_loss = full_data_loss(model, data)
     error = None
@@ -487,7 +515,7 @@ def run_scenario(name: str, strategy_spec, opts: dict, out_root: Path, devices: 
         },
         out / f"rank{trainer.global_rank}.pt",
     )
-    if trainer.world_size > 1:
+    if trainer.world_size > 1 and error is None:
         trainer.strategy.barrier()
 
 

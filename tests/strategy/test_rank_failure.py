@@ -5,6 +5,7 @@ group of two, the other), and the phase; every other error passes unchanged."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -103,6 +104,27 @@ def test_the_ranks_whose_process_ended_on_this_host_are_named(peers, monkeypatch
     error = rank_failure.rank_failure("model synchronisation", RuntimeError("Connection reset by peer"))
     assert "failed: ranks 1, 3 died or stopped answering" in str(error)
     assert error.failed_ranks == [1, 3] and error.failed_rank is None
+
+
+def test_the_ranks_stopped_or_ended_on_this_host_are_told_apart(peers):
+    here = socket.gethostname()
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        while psutil.Process(stopped.pid).status() != psutil.STATUS_STOPPED:
+            time.sleep(0.01)
+        peers(
+            Peer(here, os.getpid()),
+            Peer(here, stopped.pid),
+            Peer(here, _ended_child(reap=True)),
+            Peer("elsewhere", stopped.pid),  # not this host's: not judged
+            Peer(here, os.getpid()),
+        )
+        assert rank_failure.halted_ranks(rank=0, world=5) == {1: "stopped", 2: "ended"}
+        assert rank_failure.halted_ranks(rank=0, world=4) == {}  # peers of another group
+    finally:
+        stopped.kill()
+        stopped.wait()
 
 
 def test_a_rank_on_another_host_or_still_running_is_not_named(peers):

@@ -7,14 +7,18 @@ reuses them across ``Trainer.fit`` calls); spawn and torchrun multi-node are lau
 from __future__ import annotations
 
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from helpers.paths import HELPERS, REPO
-from helpers.processes import run_concurrently, two_node_torchrun
+from helpers.processes import free_port, launcher_env, rank_process, run_concurrently, two_node_torchrun
 from helpers.strategy_script import RESUME_COMBOS, RESUME_EPOCHS, SCENARIOS, resume_name
 
 pytestmark = pytest.mark.distributed
@@ -41,9 +45,7 @@ SLOW_RESUMES = [
     for start in range(RESUME_EPOCHS - 1)
     if (combo, start) not in DEFAULT_RESUMES
 ]
-BASE_SCENARIOS = [
-    name for name in SCENARIOS if not name.startswith("resume_s") and not name.startswith("unused_err")
-]
+BASE_SCENARIOS = [name for name in SCENARIOS if not name.startswith(("resume_s", "unused_err", "stopped_"))]
 
 
 def _resume_scenarios(cases) -> list[str]:
@@ -101,6 +103,43 @@ def test_a_rank_late_at_an_epochs_start_is_waited_for_beyond_the_step_timeout(po
     assert len(runs) == 2 and all(run["error"] is None for run in runs)
     assert runs[0]["global_step"] == runs[1]["global_step"] == 8  # 2 epochs of 4 batches a rank
     assert torch.equal(runs[0]["params"], runs[1]["params"])
+
+
+def test_a_rank_stopped_at_an_epochs_start_ends_the_other_after_the_step_timeout(tmp_path):
+    """Rank 1 stops (SIGSTOP) while drawing the second epoch's first batch: rank 0, waiting for it
+    at the epoch's meeting, gives up after the 2 s step timeout rather than the group's 30 minutes,
+    with one line naming rank 1."""
+    log = tmp_path / "stderr.log"
+    with log.open("w") as stderr:  # a file: the stopped rank would hold a pipe open
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--scenarios", "stopped_epoch_start_s1"],
+            cwd=REPO,
+            env=launcher_env(MASTER_PORT=str(free_port())),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        stopped = False
+        while not stopped and time.monotonic() < deadline and proc.poll() is None:
+            pid = rank_process(proc.pid, 1)
+            stopped = pid is not None and psutil.Process(pid).status() == psutil.STATUS_STOPPED
+            time.sleep(0.05)
+        assert stopped, log.read_text()[-3000:]
+        stopped_at = time.monotonic()
+        proc.wait(timeout=60)
+        took = time.monotonic() - stopped_at
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the stopped rank, and rank 0 if it is still there
+    runs = _load(tmp_path, "stopped_epoch_start_s1")
+    assert len(runs) == 1, log.read_text()[-3000:]  # rank 0's; rank 1 never got there
+    error = runs[0]["error"]
+    assert error.startswith(
+        "rank 0 of 2: training failed: rank 1 died or stopped answering (rank 1 stopped"
+    ), error
+    assert runs[0]["global_step"] == 4  # the first epoch's 4 steps a rank, none of the second's
+    assert 2.0 <= took < 2.0 + 10, took
 
 
 def test_plain_module_with_string_mqgnn_converges(popen_runs):
