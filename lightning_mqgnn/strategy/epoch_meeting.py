@@ -18,7 +18,7 @@ import time
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store
 
-from lightning_mqgnn.strategy.rank_failure import RankFailure, halted_ranks
+from lightning_mqgnn.strategy.rank_failure import halted_ranks, peers_failed
 
 # meetings are numbered per process: every rank meets in the same order, so the n-th meeting has
 # the same key on every rank, and a second fit in the same process group gets fresh keys
@@ -53,19 +53,6 @@ def meet(phase: str, stopped_after_s: float, limit_s: float) -> None:
         )
         if failed:
             states = ", ".join(f"rank {r} {halted[r]}" for r in failed)
-            who = f"rank {failed[0]}" if len(failed) == 1 else "ranks " + ", ".join(map(str, failed))
-            raise RankFailure(
-                f"rank {rank} of {world}: {phase} failed: {who} died or stopped answering ({states} while "
-                "the ranks met at an epoch's first batch)",
-                phase,
-                rank,
-                failed,
-            )
+            raise peers_failed(phase, failed, f"{states} while the ranks met at an epoch's first batch")
         if now - start > limit_s:
-            raise RankFailure(
-                f"rank {rank} of {world}: {phase} failed: another rank died or stopped answering (not at "
-                f"an epoch's first batch within {limit_s:g} s)",
-                phase,
-                rank,
-                [],
-            )
+            raise peers_failed(phase, [], f"not at an epoch's first batch within {limit_s:g} s")

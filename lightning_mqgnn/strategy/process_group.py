@@ -15,25 +15,21 @@ try:  # torch >= 2.3; torch 2.2 fixes a group's timeout when it creates the grou
 except ImportError:
     _set_pg_timeout = None
 
+# torch's public torch.distributed.set_timeout where it exists, else its private _set_pg_timeout
+_timeout_setter = getattr(dist, "set_timeout", None) or _set_pg_timeout
+
 
 def can_set_timeout() -> bool:
     """Whether this torch can change a process group's timeout after creating it."""
-    return getattr(dist, "set_timeout", None) is not None or _set_pg_timeout is not None
+    return _timeout_setter is not None
 
 
 def set_timeout(timeout: timedelta, group: Any = None) -> None:
-    """Let every later collective of ``group`` (None: the default group) wait at most ``timeout``.
-
-    torch's public ``torch.distributed.set_timeout`` where it exists, else its private
-    ``_set_pg_timeout``; ``can_set_timeout`` says whether either does.
-    """
-    public = getattr(dist, "set_timeout", None)
-    if public is not None:
-        public(timeout, group)
-    elif _set_pg_timeout is not None:
-        _set_pg_timeout(timeout, group)
-    else:
+    """Let every later collective of ``group`` (None: the default group) wait at most ``timeout``;
+    RuntimeError where ``can_set_timeout`` is False."""
+    if _timeout_setter is None:
         raise RuntimeError(f"torch {torch.__version__} cannot change a process group's timeout")
+    _timeout_setter(timeout, group)
 
 
 def _destroy_process_group() -> None:

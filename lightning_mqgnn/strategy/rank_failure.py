@@ -47,6 +47,9 @@ def remember_peers() -> None:
     _peers = [peer for peer in peers if peer is not None]
 
 
+_ENDED = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)  # a zombie, or no such process any more
+
+
 def _status(pid: int) -> str:
     try:
         return psutil.Process(pid).status()
@@ -55,7 +58,7 @@ def _status(pid: int) -> str:
 
 
 def _ended(pid: int) -> bool:
-    return _status(pid) in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    return _status(pid) in _ENDED
 
 
 def _local_ranks(rank: int, world: int) -> list[int]:
@@ -72,7 +75,7 @@ def halted_ranks(rank: int, world: int) -> dict[int, str]:
     halted = {}
     for r in _local_ranks(rank, world):
         status = _status(_peers[r].pid)
-        if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+        if status in _ENDED:
             halted[r] = "ended"
         elif status == psutil.STATUS_STOPPED:
             halted[r] = "stopped"
@@ -120,24 +123,30 @@ def peer_failed(error: BaseException) -> bool:
     return isinstance(error, dist.DistNetworkError) or any(sign in text for sign in _PEER_GONE)
 
 
-def rank_failure(phase: str, error: BaseException) -> RankFailure:
-    """The one-line ``RankFailure`` for ``error``, raised during ``phase``."""
+def peers_failed(phase: str, failed: list[int], reason: str) -> RankFailure:
+    """The one-line ``RankFailure`` of this rank in ``phase``: the ``failed`` ranks (none known:
+    another rank) died or stopped answering, for ``reason``."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    failed = dead_ranks(rank, world)
     if not failed:
         who = "another rank"
     elif len(failed) == 1:
         who = f"rank {failed[0]}"
     else:
         who = "ranks " + ", ".join(map(str, failed))
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    reason = _SOURCE_PREFIX.sub("", first_line).split(". ")[0]  # gloo's advice follows its first sentence
     return RankFailure(
         f"rank {rank} of {world}: {phase} failed: {who} died or stopped answering ({reason})",
         phase,
         rank,
         failed,
     )
+
+
+def rank_failure(phase: str, error: BaseException) -> RankFailure:
+    """The one-line ``RankFailure`` for ``error``, raised during ``phase``."""
+    failed = dead_ranks(dist.get_rank(), dist.get_world_size())
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    reason = _SOURCE_PREFIX.sub("", first_line).split(". ")[0]  # gloo's advice follows its first sentence
+    return peers_failed(phase, failed, reason)
 
 
 @contextmanager

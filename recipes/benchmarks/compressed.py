@@ -3,8 +3,8 @@
 SAGE (the recipe's model: 2 layers, hidden 256, fan-out 5,5, Adam lr 1e-3) on a graph, trained by
 ``--ranks`` CPU processes (gloo) under plain DDP (``MQGNNStrategy`` at staleness 0, DDP bit for bit)
 and the gradient queue at staleness 1 and ``"auto"``, each with no comm hook, torch's fp16 and
-PowerSGD (rank 1 and 4) hooks and ``quantize_hook`` (4 bits; 4 and 2 with error feedback), behind a SIMULATED link of a given
-bandwidth and latency. The link is one wire per rank: a collective's messages are delivered once
+PowerSGD (rank 1 and 4) hooks and ``quantize_hook`` (4 bits; 4 and 2 with error feedback),
+behind a SIMULATED link of a given bandwidth and latency. The link is one wire per rank: a collective's messages are delivered once
 the wire has carried the rank's bytes (a ring all-reduce of p payload bytes carries
 2 (w - 1) / w * p, an all-gather (w - 1) * p) and the latency has passed, queued behind what the
 wire carries already; the real gloo collective must also have completed. Every gradient reduction

@@ -153,8 +153,7 @@ def test_a_torch_that_cannot_change_a_groups_timeout_keeps_the_groups_own_and_sa
     # torch 2.2 (the DGL environment's) has neither torch.distributed.set_timeout nor _set_pg_timeout
     from lightning_mqgnn.strategy import MQGNNStrategy, process_group
 
-    monkeypatch.setattr(process_group, "_set_pg_timeout", None)
-    monkeypatch.delattr(dist, "set_timeout", raising=False)
+    monkeypatch.setattr(process_group, "_timeout_setter", None)
     assert not process_group.can_set_timeout()
     with pytest.warns(UserWarning, match=r"step_timeout=30.0 needs torch >= 2.3.*the group's `timeout`"):
         strategy = MQGNNStrategy()
