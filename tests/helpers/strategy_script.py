@@ -365,9 +365,9 @@ SCENARIOS.update(
         "hook_quant4_s0": (_hooked(0, quantize_hook, QuantizeState(bits=4)), HOOK_FIT),
         "hook_count_s0": (_hooked(0, _counting_hook, _Counting()), HOOK_FIT),
         "hook_count_s1": (_hooked(1, _counting_hook, _Counting()), HOOK_FIT),
-        # staleness="auto" behind a link 80 ms slow (steps of a few ms) and a fast one
+        # staleness="auto" behind a link 400 ms slow (steps of a few to some tens of ms) and a fast one
         "auto_slow": (
-            dict(staleness="auto", max_staleness=3, sync_period=6, delay_s=0.08),
+            dict(staleness="auto", max_staleness=3, sync_period=6, delay_s=0.4),
             dict(HOOK_FIT, epochs=6),
         ),
         "auto_fast": (dict(staleness="auto", max_staleness=3, sync_period=6), dict(HOOK_FIT, epochs=6)),

@@ -406,9 +406,11 @@ def test_a_user_comm_hook_runs_at_every_staleness(popen_runs):
 
 
 def test_auto_staleness_rises_behind_a_slow_link_and_stays_low_on_a_fast_one(popen_runs):
-    """``staleness="auto"`` (at most 3, decided every 6 steps): all-reduces 80 ms late against steps
-    of a few ms raise it to the maximum, one step at a time; on the plain gloo link it stays at
-    the staleness that hides the reduction. Both ranks agree on it at every decision."""
+    """``staleness="auto"`` (at most 3, decided every 6 steps): all-reduces 400 ms late raise it to the
+    maximum, one step at a time; on the plain gloo link it stays at the staleness that hides the
+    reduction. Both ranks agree on it at every decision. The delay is long enough that three
+    steps cannot hide it even on a loaded machine (steps there took over 40 ms, and 80 ms late
+    reductions were hidden at staleness 2)."""
     slow, fast = _load(popen_runs, "auto_slow"), _load(popen_runs, "auto_fast")
     for rank in range(2):
         assert slow[rank]["stats"]["staleness"] == 3 and slow[rank]["stats"]["staleness_changes"] == 2
