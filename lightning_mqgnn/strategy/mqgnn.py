@@ -54,6 +54,7 @@ from lightning_mqgnn.strategy.sync_period import (
     graph_size_from_datamodule,
     sync_period,
 )
+from lightning_mqgnn.strategy.weight_prediction import WeightPrediction
 
 CHECKPOINT_KEY = "mqgnn_strategy"
 # how long a collective of the training loop waits for the other ranks: a rank that hangs ends the
@@ -106,6 +107,14 @@ class MQGNNStrategy(DDPStrategy):
     lower one drains it, each queued average applied as its own optimiser step, so no gradient is
     lost or applied twice. Checkpoints carry the staleness in force.
 
+    ``predict_weights=True`` computes each gradient at the weights it will be applied to: the
+    forward and backward of step ``t`` run at ``w_t + s (w_t - w_{t-1})``, the last update taken as
+    the velocity of the ``s`` updates before its average is applied (``weight_prediction``), and
+    the optimiser then updates ``w_t`` itself. Every rank applies the same averages, so every rank
+    predicts the same weights. It needs automatic optimisation and ``accumulate_grad_batches=1``
+    (the forward of a batch that does not step runs outside the optimiser step). At staleness 0
+    the weights a gradient is applied to are those it was computed at: nothing to predict.
+
     Manual optimisation works at every staleness; at ``staleness > 0`` each ``optimizer.step()`` pushes the
     gradients ``manual_backward`` left in ``.grad`` into that optimiser's queue and applies the averaged
     gradient ``staleness`` steps older (nothing else to call). A parameter without a gradient on some rank
@@ -132,6 +141,9 @@ class MQGNNStrategy(DDPStrategy):
             rank is waited for up to ``timeout``, a stopped or ended one on the same host for
             ``step_timeout``. A checkpoint must be written within it. None: ``timeout``
             throughout, and the ranks meet at no epoch's start. Needs torch >= 2.3.
+        predict_weights: at staleness > 0, run each step's forward and backward at the predicted
+            weights its gradient will be applied to (refused there under manual optimisation and
+            with gradient accumulation; no effect at staleness 0).
         **kwargs: passed to ``DDPStrategy`` (accelerator, cluster_environment, process_group_backend, timeout,
             start_method, DDP keyword arguments, comm hooks). At staleness > 0 ``find_unused_parameters``,
             ``broadcast_buffers`` and ``bucket_cap_mb`` of the DDP keyword arguments apply; the others are
@@ -147,6 +159,7 @@ class MQGNNStrategy(DDPStrategy):
         sync_scale: float = DEFAULT_SYNC_SCALE,
         sync_optimizer_state: bool = True,
         step_timeout: float | None = DEFAULT_STEP_TIMEOUT_S,
+        predict_weights: bool = False,
         **kwargs: Any,
     ) -> None:
         if step_timeout is not None and (
@@ -228,6 +241,9 @@ class MQGNNStrategy(DDPStrategy):
         self._reducer: AllReduce | None = None
         self._queues: dict[int, GradientQueue] = {}  # by optimiser index in self.optimizers
         self._restored_queues: dict[int, dict[str, Any]] = {}
+        self.predict_weights = predict_weights
+        self._predictions: dict[int, WeightPrediction] = {}  # by optimiser index, as the queues
+        self._restored_predictions: dict[int, dict[str, Any]] = {}
         self._restored_rank_buffers: list[list[Tensor]] | None = None
 
     @property
@@ -249,7 +265,28 @@ class MQGNNStrategy(DDPStrategy):
                 "between steps, so a stale gradient would be unscaled with the wrong factor; use "
                 "precision='bf16-mixed' or '32-true', or staleness=0"
             )
+        if self.predict_weights and self.staleness != 0:
+            self._check_prediction_applies(model)
         super().connect(model)
+
+    @staticmethod
+    def _check_prediction_applies(model: LightningModule) -> None:
+        """The predicted weights hold for the forward and backward inside the optimiser step's closure:
+        every batch's, unless the forward ran before it (manual optimisation) or outside it (accumulation)."""
+        if not model.automatic_optimization:
+            raise ValueError(
+                "MQGNNStrategy: predict_weights=True runs the forward and backward inside the optimiser "
+                "step's closure at the predicted weights; under manual optimisation the forward has run "
+                "before optimizer.step(), so use automatic optimisation or predict_weights=False"
+            )
+        accumulate = model.trainer.accumulate_grad_batches
+        if accumulate != 1:
+            raise ValueError(
+                f"MQGNNStrategy: predict_weights=True with accumulate_grad_batches={accumulate}: Lightning runs "
+                "the forward and backward of the batches that do not step outside the optimiser step, so "
+                "they would see the weights, not the prediction; use accumulate_grad_batches=1 or "
+                "predict_weights=False"
+            )
 
     @override
     def setup_distributed(self) -> None:
@@ -314,6 +351,7 @@ class MQGNNStrategy(DDPStrategy):
                 self._hooked.close(timeout=None if not failing else 5.0)
                 self._hooked = None
         self._queues = {}
+        self._predictions = {}
         self._reducer = None
         self._set_timeout(self.group_timeout)  # a fit that failed never reached on_train_end
         super().teardown()
@@ -433,13 +471,26 @@ class MQGNNStrategy(DDPStrategy):
             self._hooked = HookedBuckets(self.comm_hook, with_process_group(self.comm_hook_state, group))
         return self._hooked
 
-    def _get_queue(self, optimizer: Optimizer) -> GradientQueue:
+    def _optimizer_index(self, optimizer: Optimizer) -> int:
         index = next((i for i, opt in enumerate(self.optimizers) if opt is optimizer), None)
         if index is None:
             raise ValueError(
                 f"MQGNNStrategy: {type(optimizer).__name__} is not one of the optimisers returned by "
                 "configure_optimizers, so it has no gradient queue"
             )
+        return index
+
+    def _get_prediction(self, optimizer: Optimizer) -> WeightPrediction:
+        index = self._optimizer_index(optimizer)
+        if index not in self._predictions:
+            prediction = WeightPrediction(self._get_queue(optimizer).params)
+            if index in self._restored_predictions:
+                prediction.load_state_dict(self._restored_predictions.pop(index))
+            self._predictions[index] = prediction
+        return self._predictions[index]
+
+    def _get_queue(self, optimizer: Optimizer) -> GradientQueue:
+        index = self._optimizer_index(optimizer)
         if index not in self._queues:
             assert self.lightning_module is not None
             names = {id(p): name for name, p in self.lightning_module.named_parameters()}
@@ -476,6 +527,7 @@ class MQGNNStrategy(DDPStrategy):
             return output
 
         queue = self._get_queue(optimizer)
+        prediction = self._get_prediction(optimizer) if self.predict_weights else None
         calls = 0
 
         def closure_then_exchange() -> Any:
@@ -488,7 +540,11 @@ class MQGNNStrategy(DDPStrategy):
                     "are not supported)"
                 )
             # automatic optimisation: forward + backward; manual: the user's manual_backward already ran
-            result = closure()
+            if prediction is None:
+                result = closure()
+            else:  # at the weights this gradient will be applied to, `staleness` updates on
+                with prediction.predicted(self.staleness):
+                    result = closure()
             with collective_phase("gradient-queue reduction"):
                 queue.push()  # start the asynchronous all-reduce of this step (eq. 20-21)
                 if queue.ready():  # the step `staleness` steps ago is due: .grad <- its average
@@ -499,15 +555,19 @@ class MQGNNStrategy(DDPStrategy):
             with collective_phase("gradient-queue reduction"):
                 stats.grad_wait_s += queue.apply_oldest()
 
+        updates = 0
         if len(queue) + 1 > self.staleness:
             output = super().optimizer_step(optimizer, closure_then_exchange, model, **kwargs)  # eq. 22
-            stats.applied_steps += 1
+            updates += 1
             while queue.ready():  # a lowered staleness drains: each older average its own update
                 super().optimizer_step(optimizer, apply_next, model, **kwargs)
-                stats.applied_steps += 1
+                updates += 1
         else:  # queue fill: nothing averaged to apply yet, keep the weights (identical on all ranks)
             output = closure_then_exchange()
             stats.skipped_steps += 1
+        stats.applied_steps += updates
+        if prediction is not None:
+            prediction.record(updates)
 
         stats.add_grad_bytes(*queue.take_sent())
         if self.sync_period is not None and stats.steps % self.sync_period == 0:
@@ -601,6 +661,9 @@ class MQGNNStrategy(DDPStrategy):
             "sync_period": self.sync_period,
             "comm_stats": self.comm_stats.as_dict(),
             "queues": {index: queue.state_dict() for index, queue in self._queues.items()},
+            "predictions": {
+                index: prediction.state_dict() for index, prediction in self._predictions.items()
+            },
         }
 
     def _load_state(self, state: dict[str, Any]) -> None:
@@ -612,6 +675,11 @@ class MQGNNStrategy(DDPStrategy):
         for index, queue in self._queues.items():  # queues that already exist load at once
             if index in self._restored_queues:
                 queue.load_state_dict(self._restored_queues.pop(index))
+        # a checkpoint written without prediction resumes with the last update unknown (zero)
+        self._restored_predictions = dict(state.get("predictions", {})) if self.predict_weights else {}
+        for index, prediction in self._predictions.items():
+            if index in self._restored_predictions:
+                prediction.load_state_dict(self._restored_predictions.pop(index))
 
     @override
     def save_checkpoint(

@@ -3,11 +3,12 @@
 SAGE (the recipe's model: 2 layers, hidden 256, fan-out 5,5, Adam lr 1e-3) on a graph, trained by
 ``--ranks`` CPU processes (gloo) under plain DDP (``MQGNNStrategy`` at staleness 0, DDP bit for bit)
 and the gradient queue at staleness 1 and ``"auto"``, each with no comm hook, torch's fp16 and
-PowerSGD (rank 1 and 4) hooks and ``quantize_hook`` (4 bits; 4 and 2 with error feedback),
-behind a SIMULATED link of a given bandwidth and latency. The link is one wire per rank: a collective's messages are delivered once
-the wire has carried the rank's bytes (a ring all-reduce of p payload bytes carries
-2 (w - 1) / w * p, an all-gather (w - 1) * p) and the latency has passed, queued behind what the
-wire carries already; the real gloo collective must also have completed. Every gradient reduction
+PowerSGD (rank 1 and 4) hooks and ``quantize_hook`` (4 bits; 4 and 2 with error feedback), the
+queue's also with each gradient computed at the predicted weights ("s1 q4 predicted":
+``predict_weights=True``), behind a SIMULATED link of a given bandwidth and latency. The link is
+one wire per rank: a collective's messages are delivered once the wire has carried the rank's
+bytes (a ring all-reduce of p payload bytes carries 2 (w - 1) / w * p, an all-gather (w - 1) * p)
+and the latency has passed, queued behind what the wire carries already; the real gloo collective must also have completed. Every gradient reduction
 and model synchronisation goes over it (DDP's through a comm hook that DDP waits for at the end of
 backward). Reported per configuration, mean over the ranks: gradient bytes a step (the payload
 handed to collectives, ``CommStats.grad_bytes``), time blocked on reductions a step, training time
@@ -49,6 +50,20 @@ CONFIGS = {  # name: (staleness, hook)
     "auto": ("auto", None),
     "auto q4": ("auto", "q4"),
 }
+PREDICTED = " predicted"  # a queue configuration with this suffix: MQGNNStrategy(predict_weights=True)
+
+
+def parse_config(name: str) -> tuple[int | str, str | None, bool]:
+    """``(staleness, hook, predict_weights)`` of a configuration name (``CONFIGS``, optionally with
+    ``PREDICTED`` after a queue's)."""
+    base = name.removesuffix(PREDICTED)
+    if base not in CONFIGS or (base != name and CONFIGS[base][0] == 0):
+        raise ValueError(
+            f"unknown configuration {name!r}; choose from {list(CONFIGS)}, those with staleness 1 or auto "
+            f"also with {PREDICTED.strip()!r} after them"
+        )
+    staleness, hook = CONFIGS[base]
+    return staleness, hook, base != name
 
 
 # ----------------------------------------------------------------------------- the simulated link
@@ -153,7 +168,7 @@ def _hook_and_state(name: str | None):
     raise ValueError(f"unknown hook {name!r}")
 
 
-def _strategy(staleness, hook_name: str | None, link: Link, world: int, sync_period: int):
+def _strategy(staleness, hook_name: str | None, predict: bool, link: Link, world: int, sync_period: int):
     from lightning_mqgnn.strategy import MQGNNStrategy
 
     class LinkedStrategy(MQGNNStrategy):
@@ -169,6 +184,7 @@ def _strategy(staleness, hook_name: str | None, link: Link, world: int, sync_per
         ddp_comm_hook=hook,
         ddp_comm_state=state,
         max_staleness=4,
+        predict_weights=predict,
     )
 
 
@@ -197,11 +213,11 @@ def _run_worker(args: argparse.Namespace) -> None:
     for link_spec in args.links.split(","):
         gbit, latency = (float(v) for v in link_spec.split(":"))
         for name in args.configs.split(","):
-            staleness, hook_name = CONFIGS[name]
+            staleness, hook_name, predict = parse_config(name)
             for seed in (int(s) for s in args.seeds.split(",")):
                 pl.seed_everything(seed, verbose=False)
                 link = Link(gbit, latency)
-                strategy = _strategy(staleness, hook_name, link, args.ranks, args.sync_period)
+                strategy = _strategy(staleness, hook_name, predict, link, args.ranks, args.sync_period)
                 clock = EpochClock()
                 trainer = pl.Trainer(
                     accelerator="cpu",
@@ -300,9 +316,11 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--out", default=None, help="a folder for compressed.md and compressed.json")
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    unknown = [c for c in args.configs.split(",") if c not in CONFIGS]
-    if unknown:
-        parser.error(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)}")
+    for name in args.configs.split(","):
+        try:
+            parse_config(name)
+        except ValueError as err:
+            parser.error(str(err))
     if args.worker_out is not None:  # inside the ranks
         _run_worker(args)
         return ""

@@ -403,6 +403,12 @@ for _combo in RESUME_COMBOS:
             dict(_opts, resume=(resume_name(_combo, None), f"epoch={_start}")),
         )
 
+# resume_s1_p3_a1_lr's run with each gradient computed at the predicted weights, whole and from epoch 1
+_opts = dict(client=True, schedule=True, accumulate=1, epochs=RESUME_EPOCHS, validate=False)
+_spec = dict(staleness=1, sync_period=3, predict_weights=True)
+SCENARIOS["predicted_s1_full"] = (_spec, dict(_opts, checkpoint="predicted_s1_full"))
+SCENARIOS["predicted_s1_from1"] = (_spec, dict(_opts, resume=("predicted_s1_full", "epoch=1")))
+
 
 def _model(opts: dict) -> pl.LightningModule:
     if opts.get("client") or opts.get("unused"):

@@ -51,6 +51,14 @@ def test_two_ranks_report_bytes_wait_epoch_and_test_per_configuration(compressed
 def test_an_unknown_configuration_is_refused(compressed):
     with pytest.raises(SystemExit):
         compressed.main(["--configs", "DDP,s9"])
+    with pytest.raises(SystemExit):  # DDP has no stale gradient to predict weights for
+        compressed.main(["--configs", "DDP predicted"])
+
+
+def test_a_predicted_configuration_is_its_queue_with_weight_prediction(compressed):
+    assert compressed.parse_config("s1 q4 predicted") == (1, "q4", True)
+    assert compressed.parse_config("auto predicted") == ("auto", None, True)
+    assert compressed.parse_config("s1 q4") == (1, "q4", False)
 
 
 @pytest.mark.parametrize(

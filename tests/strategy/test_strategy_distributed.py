@@ -185,12 +185,16 @@ def test_resume_from_mid_run_checkpoint_matches_uninterrupted(popen_runs):
 
 
 def _check_resume(root: Path, combo: tuple, start: int) -> None:
+    _check_resumed(root, resume_name(combo, None), resume_name(combo, start), start, combo[0])
+
+
+def _check_resumed(root: Path, full_name: str, resumed_name: str, start: int, staleness: int) -> None:
     """Parameters, buffers (every rank's), the per-batch cross-rank differences, the losses and the
     strategy's counters of the resumed run are bit-identical to the uninterrupted run's."""
-    full, resumed = _load(root, resume_name(combo, None)), _load(root, resume_name(combo, start))
+    full, resumed = _load(root, full_name), _load(root, resumed_name)
     assert len(full) == len(resumed) == 2
     assert resumed[0]["global_step"] == full[0]["global_step"]
-    if combo[0] > 0:  # counters are strategy state from staleness 1 on
+    if staleness > 0:  # counters are strategy state from staleness 1 on
         timings = {k: resumed[0]["stats"][k] for k in ("grad_wait_s", "sync_s")}
         assert resumed[0]["stats"] == {**full[0]["stats"], **timings}
     for rank in range(2):
@@ -205,6 +209,20 @@ def _check_resume(root: Path, combo: tuple, start: int) -> None:
 @pytest.mark.parametrize(("combo", "start"), DEFAULT_RESUMES, ids=lambda v: str(v))
 def test_resume_is_bit_identical(popen_runs, combo, start):
     _check_resume(popen_runs, combo, start)
+
+
+def test_predicted_weights_agree_across_ranks_and_resume_bit_identical(popen_runs):
+    """``predict_weights=True`` (staleness 1, sync every 3 steps, an LR schedule): every rank computes
+    its gradients at the same predicted weights, so the ranks stay identical (parameters always,
+    batch-norm buffers after each sync), the trajectory is not the plain queue's, and resuming from
+    epoch 1 (the last update is strategy state) is exact."""
+    predicted, plain = _load(popen_runs, "predicted_s1_full"), _load(popen_runs, "resume_s1_p3_a1_lr_full")
+    after_sync = [diff for step, _, diff in predicted[0]["records"] if step % 3 == 0]
+    assert len(after_sync) >= 4 and all(diff == 0.0 for diff in after_sync)
+    assert torch.equal(predicted[0]["params"], predicted[1]["params"])
+    assert not torch.equal(predicted[0]["params"], plain[0]["params"])
+    assert predicted[0]["final_loss"] < predicted[0]["init_loss"]
+    _check_resumed(popen_runs, "predicted_s1_full", "predicted_s1_from1", 1, 1)
 
 
 @pytest.mark.slow  # every (staleness, sync_period, accumulation, LR schedule) from every epoch: ~80 fits
