@@ -6,6 +6,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.distributed as dist
+from helpers.pipeline import make_trainer
 from torch import nn
 
 from lightning_mqgnn.strategy import MQGNNStrategy
@@ -100,17 +101,7 @@ class _Recorder(pl.LightningModule):
 
 
 def _fit(module: pl.LightningModule, strategy: MQGNNStrategy, **kwargs) -> None:
-    pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        strategy=strategy,
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **kwargs,
-    ).fit(module)
+    make_trainer(strategy=strategy, **kwargs).fit(module)
 
 
 @pytest.mark.parametrize("staleness", [1, 2])
