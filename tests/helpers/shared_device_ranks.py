@@ -38,8 +38,11 @@ def main(out_dir: str, device: str, staleness: str) -> None:
         ds, NeighborSampler(ds.graph, [5, 5]), batch_size=100, mode="device", seed=2, sample_on=device
     )
     record = Record()
-    # sync_period=1: the ranks hold the same weights after every step at staleness 1 too
-    strategy = MQGNNStrategy(staleness=int(staleness), sync_period=1, process_group_backend="gloo")
+    # sync_period=1: the ranks hold the same weights after every step at staleness 1 too; weight
+    # prediction as the recipe's strategy=mqgnn runs it (on the device's parameters)
+    strategy = MQGNNStrategy(
+        staleness=int(staleness), sync_period=1, process_group_backend="gloo", predict_weights=True
+    )
     trainer = make_trainer(
         [record], max_epochs=EPOCHS, accelerator=device, devices=1, num_nodes=2, strategy=strategy
     )
