@@ -37,3 +37,14 @@ def rank_variables_restored():
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.fixture
+def one_rank_group_destroyed():
+    """Destroy the process group a one-rank fit in this process leaves behind (Lightning keeps a
+    gloo group until exit), so that the tests after it start without one."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -9,7 +9,6 @@ import time
 import lightning.pytorch as pl
 import pytest
 import torch
-import torch.distributed as dist
 from helpers.pipeline import make_trainer
 from torch import nn
 
@@ -93,15 +92,12 @@ class _OneHot(pl.LightningModule):
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=1)
 
 
+@pytest.mark.usefixtures("one_rank_group_destroyed")
 def test_a_change_of_staleness_neither_loses_nor_doubles_a_gradient():
     steps = 14
     model = _OneHot(steps, schedule={4: 3, 8: 1, 11: 2})  # up by two, down by two, up by one
     strategy = MQGNNStrategy(staleness="auto", max_staleness=3, sync_period=1000)
-    trainer = make_trainer(strategy=strategy)
-    try:
-        trainer.fit(model)
-    finally:
-        dist.destroy_process_group()  # the fit's one-rank group: the other tests start without one
+    make_trainer(strategy=strategy).fit(model)
     applied = -model.layer.weight.detach().reshape(-1)  # times each unit vector's gradient was applied
     stats = strategy.comm_stats
     in_step_order = applied[model.order].tolist()

@@ -12,6 +12,8 @@ from torch import nn
 from lightning_mqgnn.strategy import MQGNNStrategy
 from lightning_mqgnn.strategy.weight_prediction import WeightPrediction
 
+pytestmark = pytest.mark.usefixtures("one_rank_group_destroyed")
+
 
 def _params() -> list[torch.Tensor]:
     torch.manual_seed(0)
@@ -139,8 +141,6 @@ def test_at_staleness_zero_there_is_nothing_to_predict():
 
 def test_prediction_is_refused_where_it_cannot_apply():
     """Refused with one error naming the setting, before the process group starts."""
-    if dist.is_initialized():  # left by an earlier fit in this process
-        dist.destroy_process_group()
     with pytest.raises(ValueError, match="manual optimisation"):
         _fit(_Recorder(manual=True), MQGNNStrategy(staleness=1, predict_weights=True))
     assert not dist.is_initialized()
