@@ -173,6 +173,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
             "takes strategy=graph_parallel, pipegcn, pipeqs or gnnpipe, which pick the model and loader"
         )
     check_validation_schedule(cfg)
+    if isinstance(strategy, MQGNNStrategy):  # the recipe's models optimise automatically
+        strategy.check_prediction_applies(True, int(cfg.trainer.get("accumulate_grad_batches") or 1))
     run_checkpoints = Path(cfg.trainer.get("default_root_dir") or ".") / "checkpoints"
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_checkpoints)
     if ckpt_path is not None:

@@ -266,26 +266,27 @@ class MQGNNStrategy(DDPStrategy):
                 "precision='bf16-mixed' or '32-true', or staleness=0"
             )
         if self.predict_weights and self.staleness != 0:
-            self._check_prediction_applies(model)
+            self.check_prediction_applies(model.automatic_optimization, model.trainer.accumulate_grad_batches)
         super().connect(model)
 
-    @staticmethod
-    def _check_prediction_applies(model: LightningModule) -> None:
-        """The predicted weights hold for the forward and backward inside the optimiser step's closure:
-        every batch's, unless the forward ran before it (manual optimisation) or outside it (accumulation)."""
-        if not model.automatic_optimization:
+    def check_prediction_applies(self, automatic_optimization: bool, accumulate_grad_batches: int) -> None:
+        """Raise ``ValueError`` where ``predict_weights=True`` cannot hold at staleness > 0. The predicted
+        weights hold for the forward and backward inside the optimiser step's closure: every batch's,
+        unless the forward ran before it (manual optimisation) or outside it (accumulation)."""
+        if not self.predict_weights or self.staleness == 0:
+            return
+        if not automatic_optimization:
             raise ValueError(
                 "MQGNNStrategy: predict_weights=True runs the forward and backward inside the optimiser "
                 "step's closure at the predicted weights; under manual optimisation the forward has run "
                 "before optimizer.step(), so use automatic optimisation or predict_weights=False"
             )
-        accumulate = model.trainer.accumulate_grad_batches
-        if accumulate != 1:
+        if accumulate_grad_batches != 1:
             raise ValueError(
-                f"MQGNNStrategy: predict_weights=True with accumulate_grad_batches={accumulate}: Lightning runs "
-                "the forward and backward of the batches that do not step outside the optimiser step, so "
-                "they would see the weights, not the prediction; use accumulate_grad_batches=1 or "
-                "predict_weights=False"
+                f"MQGNNStrategy: predict_weights=True with accumulate_grad_batches={accumulate_grad_batches}: "
+                "Lightning runs the forward and backward of the batches that do not step outside the "
+                "optimiser step, so they would see the weights, not the prediction; use "
+                "accumulate_grad_batches=1 or predict_weights=False"
             )
 
     @override
