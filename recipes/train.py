@@ -165,6 +165,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # a strategy config is either a Lightning registry name ({name: ddp}) or a _target_ to build
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
     world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes) if str(cfg.trainer.devices).isdigit() else 1
+    accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
     loader = instantiate(cfg.loader)
     full_graph = getattr(make_module.func, "full_graph", False)
     if full_graph != getattr(loader.func, "full_graph", False):
@@ -174,7 +175,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         )
     check_validation_schedule(cfg)
     if isinstance(strategy, MQGNNStrategy):  # the recipe's models optimise automatically
-        strategy.check_prediction_applies(True, int(cfg.trainer.get("accumulate_grad_batches") or 1))
+        strategy.check_prediction_applies(True, accumulate)
     run_checkpoints = Path(cfg.trainer.get("default_root_dir") or ".") / "checkpoints"
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_checkpoints)
     if ckpt_path is not None:
@@ -194,7 +195,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         batches = datamodule_batches(datamodule, world)
     resume = None
     if ckpt_path is not None:
-        steps_per_epoch = math.ceil(batches / int(cfg.trainer.get("accumulate_grad_batches") or 1))
+        steps_per_epoch = math.ceil(batches / accumulate)
         resume = checked_resume_checkpoint(cfg, ckpt_path, dict(module.hparams), steps_per_epoch)
         quiet_resumed_checkpoint_dir(resume.parent)
     # a resumed run goes on writing checkpoints where it wrote them before, so ModelCheckpoint keeps

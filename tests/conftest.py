@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from helpers.paths import SHARED_DATA
 from helpers.processes import RANK_VARIABLES
 
@@ -44,7 +45,5 @@ def one_rank_group_destroyed():
     """Destroy the process group a one-rank fit in this process leaves behind (Lightning keeps a
     gloo group until exit), so that the tests after it start without one."""
     yield
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.destroy_process_group()

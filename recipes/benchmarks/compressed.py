@@ -8,9 +8,9 @@ queue's also with each gradient computed at the predicted weights ("s1 q4 predic
 ``predict_weights=True``), behind a SIMULATED link of a given bandwidth and latency. The link is
 one wire per rank: a collective's messages are delivered once the wire has carried the rank's
 bytes (a ring all-reduce of p payload bytes carries 2 (w - 1) / w * p, an all-gather (w - 1) * p)
-and the latency has passed, queued behind what the wire carries already; the real gloo collective must also have completed. Every gradient reduction
-and model synchronisation goes over it (DDP's through a comm hook that DDP waits for at the end of
-backward). Reported per configuration, mean over the ranks: gradient bytes a step (the payload
+and the latency has passed, queued behind what the wire carries already; the real gloo
+collective must also have completed. Every gradient reduction and model synchronisation goes
+over it (DDP's through a comm hook that DDP waits for at the end of backward). Reported per configuration, mean over the ranks: gradient bytes a step (the payload
 handed to collectives, ``CommStats.grad_bytes``), time blocked on reductions a step, training time
 an epoch (median epoch) and the test metric of the final weights (exact full-graph inference). A
 measurement: nothing here asserts timings.

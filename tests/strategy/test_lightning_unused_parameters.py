@@ -5,6 +5,7 @@ its wording, raised in the process and through a spawned rank."""
 
 import lightning.pytorch as pl
 import pytest
+from helpers.pipeline import make_trainer
 from helpers.unused_parameters_model import NoGradLayerModel
 from torch.multiprocessing import ProcessRaisedException
 
@@ -15,15 +16,7 @@ LIGHTNINGS_WORDS = "It looks like your LightningModule has parameters that were 
 
 
 def _trainer(start_method: str) -> pl.Trainer:
-    return pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        strategy=MQGNNStrategy(staleness=1, start_method=start_method),
-        max_steps=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    return make_trainer(strategy=MQGNNStrategy(staleness=1, start_method=start_method), max_steps=2)
 
 
 def test_an_unused_parameter_raises_lightnings_error_at_staleness_one():
