@@ -2,7 +2,7 @@
 
 SAGE (the recipe's model: 2 layers, hidden 256, fan-out 5,5, Adam lr 1e-3) on a graph, trained by
 ``--ranks`` CPU processes (gloo) under plain DDP (``MQGNNStrategy`` at staleness 0, DDP bit for bit)
-and the gradient queue at staleness 1 and ``"auto"``, each with no comm hook, torch's fp16 and
+and the gradient queue at staleness 1, 2 (``"s2"``) and ``"auto"``, each with no comm hook, torch's fp16 and
 PowerSGD (rank 1 and 4) hooks and ``quantize_hook`` (4 bits; 4 and 2 with error feedback), the
 queue's also with each gradient computed at the predicted weights ("s1 q4 predicted":
 ``predict_weights=True``), behind a SIMULATED link of a given bandwidth and latency. The link is
@@ -47,6 +47,7 @@ CONFIGS = {  # name: (staleness, hook)
     "s1 PowerSGD r4": (1, "powersgd4"),
     "s1 q4": (1, "q4"),
     "s1 q4 ef": (1, "q4ef"),
+    "s2": (2, None),
     "auto": ("auto", None),
     "auto q4": ("auto", "q4"),
 }
@@ -210,11 +211,13 @@ def _run_worker(args: argparse.Namespace) -> None:
         def on_train_epoch_end(self, trainer, pl_module):
             self.epochs.append(time.perf_counter() - self._start)
 
+    # seed by seed, every configuration back to back: a machine that slows down over the minutes
+    # of a run slows every configuration alike instead of the ones that happen to run last
     for link_spec in args.links.split(","):
         gbit, latency = (float(v) for v in link_spec.split(":"))
-        for name in args.configs.split(","):
-            staleness, hook_name, predict = parse_config(name)
-            for seed in (int(s) for s in args.seeds.split(",")):
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for name in args.configs.split(","):
+                staleness, hook_name, predict = parse_config(name)
                 pl.seed_everything(seed, verbose=False)
                 link = Link(gbit, latency)
                 strategy = _strategy(staleness, hook_name, predict, link, args.ranks, args.sync_period)
