@@ -59,6 +59,27 @@ def sparse_random_projection(
     return torch.sparse.mm(x, proj).contiguous()
 
 
+SPARSE_DENSITY = 0.1  # sparse products beat dense ones on this CPU below about a fifth of the entries
+SPARSE_MAX_ELEMENTS = 2**28  # counting the non-zeros reads the matrix: not of features mapped from disk
+
+
+def sparse_rows(features: Tensor, max_density: float = SPARSE_DENSITY) -> Tensor | None:
+    """``features`` as a sparse CSR matrix when at most ``max_density`` of its entries are non-zero
+    (bag-of-words inputs), else None; also None for other than float32 features in memory of at
+    most ``SPARSE_MAX_ELEMENTS`` entries, whose non-zeros are not counted. A product with the CSR
+    matrix costs its non-zeros: on dblp's 1,639 columns (0.3% non-zero) a fraction of a percent
+    of the dense one's multiply-adds."""
+    if not isinstance(features, Tensor) or features.dtype != torch.float32 or features.dim() != 2:
+        return None
+    if features.numel() > SPARSE_MAX_ELEMENTS or features.layout != torch.strided:
+        return None
+    if int(torch.count_nonzero(features)) > max_density * features.numel():
+        return None
+    with warnings.catch_warnings():  # torch's one-time "sparse CSR is beta" notice is noise here
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return features.to_sparse_csr()
+
+
 def most_frequent_columns(indices: Tensor, num_cols: int, k: int) -> Tensor:
     """Ids of the ``k`` columns with the most non-zeros (ties: lower id first), ascending."""
     freq = torch.bincount(indices, minlength=num_cols)

@@ -56,6 +56,17 @@ class GCNLayer(nn.Module):
         """The layer after its aggregation: ``(P̂ H) W + b`` from ``P̂ H`` (``MiniBatch.aggregated``)."""
         return F.linear(aggregated, self.linear.weight, self.bias)
 
+    def project(self, x: Tensor) -> Tensor:
+        """``X W`` for every row of ``X``, which may be a sparse CSR matrix (its product then costs
+        its non-zeros, not its width): the inputs of ``from_projected``."""
+        return F.linear(x, self.linear.weight)
+
+    def from_projected(self, block: Block, projected: Tensor, dst: Tensor) -> Tensor:
+        """The layer's output for ``block``'s destinations from ``project``'s rows of its sources:
+        ``P̂ (X W) + b``, the transform-first order of ``forward``. ``dst`` (the destinations'
+        rows of ``projected``) is not read: the block holds them."""
+        return block.aggregate(projected).add_(self.bias)
+
 
 class SAGELayer(nn.Module):
     """GraphSAGE-mean: ``[mean_{u in N(v)} h_u, h_v] W`` (eq. 17), with ``W`` kept as two linear maps.
@@ -112,6 +123,19 @@ class SAGELayer(nn.Module):
             )
         weight = torch.cat([self.neigh.weight, self.self_.weight], 1)
         return F.linear(aggregated, weight, self.self_.bias)
+
+    def project(self, x: Tensor) -> Tensor:
+        """``[X W_neigh, X W_self]`` for every row of ``X``, which may be a sparse CSR matrix (its
+        product then costs its non-zeros, not its width): the inputs of ``from_projected``."""
+        return F.linear(x, torch.cat([self.neigh.weight, self.self_.weight]))
+
+    def from_projected(self, block: Block, projected: Tensor, dst: Tensor) -> Tensor:
+        """The layer's output for ``block``'s destinations, at rows ``dst`` of ``projected``, from
+        ``project``'s rows of its sources: ``A (X W_neigh) + X_dst W_self + b``, the transform-first
+        order of ``forward``."""
+        width = self.neigh.out_features
+        out = block.aggregate(projected[:, :width].contiguous())
+        return out.add_(projected[dst, width:]).add_(self.self_.bias)
 
 
 LAYERS = {"gcn": GCNLayer, "sage": SAGELayer}

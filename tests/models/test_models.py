@@ -293,3 +293,64 @@ def test_full_graph_stacks_take_the_same_initialisation():
         torch.manual_seed(3)
         model = FullGraphNodeClassifier(in_dim=128, num_classes=10, conv="sage", glorot_init=glorot_init)
         assert (model.stack.layers[0].neigh.weight.abs().max() > 1 / 128**0.5) == wider
+
+
+def bag_of_words_dataset(n=400, f=300, density=0.03, seed=0) -> GraphDataset:
+    """``uniform_edges_dataset`` with binary features, ``density`` of them non-zero."""
+    g = torch.Generator().manual_seed(seed)
+    ds = uniform_edges_dataset(n=n, f=f, seed=seed, num_edges=1200)
+    return replace(ds, features=(torch.rand(n, f, generator=g) < density).float())
+
+
+@pytest.mark.parametrize("conv,aggregation", [("gcn", "gcn"), ("sage", "mean")])
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+def test_exact_inference_on_sparse_features_takes_their_non_zeros_and_equals_the_dense_product(
+    conv, aggregation, num_layers, monkeypatch
+):
+    """Bag-of-words features: the first layer multiplies their CSR matrix (``project``), whole or
+    in chunks, over the rows later layers read or every node, with the logits of the dense path
+    and of the sampled forward with all neighbours."""
+    from lightning_mqgnn.models.inference import FullGraphInference
+
+    torch.manual_seed(0)
+    ds = bag_of_words_dataset()
+    nodes = ds.test_idx[:30]
+    cpu = torch.device("cpu")
+    model = NodeClassifier(
+        ds.num_features, ds.num_classes, conv=conv, hidden=16, num_layers=num_layers, dropout=0.0
+    ).eval()
+    sparse = FullGraphInference(ds, aggregation)
+    logits = sparse.run(model.layers, torch.relu_, nodes, cpu)
+    assert sparse._sparse is not None and sparse._sparse.layout == torch.sparse_csr
+    with monkeypatch.context() as patch:
+        patch.setattr("lightning_mqgnn.models.inference.sparse_rows", lambda features: None)
+        dense = FullGraphInference(ds, aggregation)
+        dense_logits = dense.run(model.layers, torch.relu_, nodes, cpu)
+        assert dense._sparse is None
+    assert torch.allclose(logits, dense_logits, atol=1e-5), (logits - dense_logits).abs().max()
+    with monkeypatch.context() as patch:
+        patch.setattr(FullGraphInference, "MAX_EDGES", 50)
+        patch.setattr(FullGraphInference, "CLOSURE_SHARE", 0.0)
+        chunked = FullGraphInference(ds, aggregation)
+        chunked_logits = chunked.run(model.layers, torch.relu_, nodes, cpu)
+        assert len(chunked._plans[id(nodes)][1][0].chunks) > 3
+    assert torch.allclose(chunked_logits, dense_logits, atol=1e-5)
+    sampler = NeighborSampler(ds.graph, [-1] * num_layers, aggregation)
+    batch = gather(sampler.sample(nodes), ds.features, ds.labels)
+    with torch.no_grad():
+        sampled = model(batch.blocks, batch.features)
+    assert torch.allclose(logits, sampled, atol=1e-5)
+
+
+def test_sparse_rows_only_of_sparse_float32_features_in_memory(monkeypatch):
+    from lightning_mqgnn.graph import features as features_module
+    from lightning_mqgnn.graph.features import sparse_rows
+
+    bag = bag_of_words_dataset(density=0.05).features
+    csr = sparse_rows(bag)
+    assert csr is not None and csr.layout == torch.sparse_csr and torch.equal(csr.to_dense(), bag)
+    assert sparse_rows(torch.randn(50, 20)) is None  # dense
+    assert sparse_rows(bag, max_density=0.01) is None  # above the density asked for
+    assert sparse_rows(bag.half()) is None  # half precision: widened where read, never counted
+    monkeypatch.setattr(features_module, "SPARSE_MAX_ELEMENTS", bag.numel() - 1)
+    assert sparse_rows(bag) is None  # too large to count its non-zeros
