@@ -354,3 +354,36 @@ def test_sparse_rows_only_of_sparse_float32_features_in_memory(monkeypatch):
     assert sparse_rows(bag.half()) is None  # half precision: widened where read, never counted
     monkeypatch.setattr(features_module, "SPARSE_MAX_ELEMENTS", bag.numel() - 1)
     assert sparse_rows(bag) is None  # too large to count its non-zeros
+
+
+@pytest.mark.parametrize("conv,aggregation", [("gcn", "gcn"), ("sage", "mean")])
+def test_training_on_sparse_aggregated_inputs_multiplies_their_csr_matrix_with_the_dense_gradients(
+    conv, aggregation
+):
+    """A batch whose gather stage aggregated bag-of-words inputs: the first GEMM takes them as a
+    CSR matrix (decided on the fit's first batch), with the dense product's logits and weight
+    gradients; dense inputs keep the dense product."""
+    torch.manual_seed(0)
+    ds = bag_of_words_dataset(density=0.003)
+    batch = gather(
+        NeighborSampler(ds.graph, [5, 5], aggregation).sample(ds.train_idx[:40]),
+        ds.features,
+        ds.labels,
+        input_aggregation=aggregation,
+    )
+    model = NodeClassifier(ds.num_features, ds.num_classes, conv=conv, hidden=16, dropout=0.0)
+    sparse_logits = model.batch_logits(batch)
+    assert model._sparse_inputs is True
+    sparse_logits.square().sum().backward()
+    sparse_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model._sparse_inputs = False  # as a dense first batch would have decided
+    dense_logits = model.batch_logits(batch)
+    dense_logits.square().sum().backward()
+    assert torch.allclose(sparse_logits, dense_logits, atol=1e-5)
+    for sparse_grad, param in zip(sparse_grads, model.parameters()):
+        assert torch.allclose(sparse_grad, param.grad, atol=1e-4)
+    dense_inputs = replace(batch, aggregated=torch.randn_like(batch.aggregated))
+    model.on_fit_start()
+    model.batch_logits(dense_inputs)
+    assert model._sparse_inputs is False
