@@ -28,6 +28,22 @@ HOOK_NAME_ATTRIBUTE = "_current_fx_name"
 # batches, cora 2.6%: 1.3x) and lost above it (citeseer 4.2%, coauthor_physics 7.7%, coauthor_cs 11%)
 SPARSE_INPUT_DENSITY = 0.03
 
+
+def autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` ("cpu" or "cuda"); torch before 2.4 takes no
+    device argument and asks about CUDA, with a function of its own for the CPU."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:
+        return torch.is_autocast_enabled() if device_type == "cuda" else torch.is_autocast_cpu_enabled()
+
+
+def compiling() -> bool:
+    """Whether torch.compile is tracing (torch before 2.3 has no public way to ask: False)."""
+    is_compiling = getattr(torch.compiler, "is_compiling", None)
+    return bool(is_compiling is not None and is_compiling())
+
+
 # NodeClassifierBase moves its batches itself (``transfer_batch_to_device``), whether a DataModule
 # or plain loaders feed it (recipes/benchmarks/step.py); fitted with a DataModule, Lightning warns
 # on every fit that the module's hook is the one used, which is as intended
@@ -134,7 +150,7 @@ class NodeClassifierBase(pl.LightningModule):
         processes (gradient hooks of DDP-like strategies are not captured)."""
         if self._graph_steps is None or batch.labels is None or not batch.labels.is_cuda:
             return None
-        if torch.is_autocast_enabled("cuda") or (self._trainer is not None and self._trainer.world_size > 1):
+        if autocast_on("cuda") or (self._trainer is not None and self._trainer.world_size > 1):
             return None
         return self._graph_steps.loss(self, batch)
 
@@ -256,7 +272,7 @@ class NodeClassifier(NodeClassifierBase):
         product."""
         if aggregated.device.type != "cpu" or aggregated.dtype != torch.float32:
             return aggregated
-        if torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
+        if autocast_on("cpu") or compiling():
             return aggregated
         if self._sparse_inputs is None:
             self._sparse_inputs = (
