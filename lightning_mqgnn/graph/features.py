@@ -77,14 +77,9 @@ def sparse_rows(features: Tensor, max_density: float = SPARSE_DENSITY) -> Tensor
         return None
     if int(torch.count_nonzero(features)) > max_density * features.numel():
         return None
-    return to_csr(features)
-
-
-def to_csr(dense: Tensor) -> Tensor:
-    """``dense.to_sparse_csr()``, without torch's one-time "sparse CSR is beta" notice."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # torch's one-time "sparse CSR is beta" notice is noise here
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-        return dense.to_sparse_csr()
+        return features.to_sparse_csr()
 
 
 def most_frequent_columns(indices: Tensor, num_cols: int, k: int) -> Tensor:

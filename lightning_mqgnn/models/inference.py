@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import torch
 from torch import Tensor, nn
@@ -70,7 +71,6 @@ class FullGraphInference:
         self._all_nodes: dict[int, _Layer] = {}
         # per scored tensor (a loader scores the same tensor each time): its layers
         self._plans: dict[int, tuple[Tensor, list[_Layer]]] = {}
-        self._sparse: Tensor | None | bool = False  # not decided yet (``_sparse_inputs``)
 
     def rows_per_layer(self, nodes: Tensor, num_layers: int) -> list[Tensor | None]:
         """The global ids of the rows each layer computes (None: every node), the last layer's
@@ -120,9 +120,11 @@ class FullGraphInference:
         A GPU keeps the dense product, cheap there."""
         if device.type != "cpu" or not hasattr(first, "project"):
             return None
-        if self._sparse is False:
-            self._sparse = sparse_rows(self.dataset.features)
-        return self._sparse
+        return self._sparse_features
+
+    @cached_property
+    def _sparse_features(self) -> Tensor | None:
+        return sparse_rows(self.dataset.features)
 
     def _widened_by_chunk(self) -> bool:
         """Whether the first layer widens its chunks' source rows one chunk at a time: for

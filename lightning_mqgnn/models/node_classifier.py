@@ -11,7 +11,6 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_mqgnn.graph.features import to_csr
 from lightning_mqgnn.models.cuda_graphs import CUDAGraphSteps
 from lightning_mqgnn.models.dropout import ReLUDropout
 from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference
@@ -278,7 +277,8 @@ class NodeClassifier(NodeClassifierBase):
             self._sparse_inputs = (
                 int(torch.count_nonzero(aggregated)) <= SPARSE_INPUT_DENSITY * aggregated.numel()
             )
-        return to_csr(aggregated) if self._sparse_inputs else aggregated
+        # torch's one-time beta notice for CSR tensors is filtered where sampling.batch is imported
+        return aggregated.to_sparse_csr() if self._sparse_inputs else aggregated
 
     @override
     def batch_logits(self, batch: MiniBatch) -> Tensor:

@@ -321,12 +321,12 @@ def test_exact_inference_on_sparse_features_takes_their_non_zeros_and_equals_the
     ).eval()
     sparse = FullGraphInference(ds, aggregation)
     logits = sparse.run(model.layers, torch.relu_, nodes, cpu)
-    assert sparse._sparse is not None and sparse._sparse.layout == torch.sparse_csr
+    assert sparse._sparse_features is not None and sparse._sparse_features.layout == torch.sparse_csr
     with monkeypatch.context() as patch:
         patch.setattr("lightning_mqgnn.models.inference.sparse_rows", lambda features: None)
         dense = FullGraphInference(ds, aggregation)
         dense_logits = dense.run(model.layers, torch.relu_, nodes, cpu)
-        assert dense._sparse is None
+        assert dense._sparse_features is None
     assert torch.allclose(logits, dense_logits, atol=1e-5), (logits - dense_logits).abs().max()
     with monkeypatch.context() as patch:
         patch.setattr(FullGraphInference, "MAX_EDGES", 50)
