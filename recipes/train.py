@@ -162,6 +162,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # everything the configuration alone decides is built and checked before the dataset loads,
     # which takes minutes on a large graph
     make_module = instantiate(cfg.model.module)  # a partial: the dataset gives its sizes
+    check_module_arguments(cfg.model.name, make_module)
     # a strategy config is either a Lightning registry name ({name: ddp}) or a _target_ to build
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
     world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes) if str(cfg.trainer.devices).isdigit() else 1
@@ -259,6 +260,21 @@ def train(cfg: DictConfig) -> dict[str, float]:
             flush=True,
         )
     return result
+
+
+def check_module_arguments(model: str, make_module) -> None:
+    """Every ``model.module`` key is an argument of the module it builds: a preset (``conf/preset/``)
+    may set keys that some modules lack (``hidden`` for a PyG layer stack)."""
+    parameters = inspect.signature(make_module.func).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    unknown = sorted(set(make_module.keywords) - set(parameters))
+    if unknown:
+        raise RecipeError(
+            f"model {model!r}: {make_module.func.__qualname__} takes no "
+            f"{', '.join(f'model.module.{key}' for key in unknown)} (set by the model config, a preset "
+            "or the command line)"
+        )
 
 
 def check_validation_schedule(cfg: DictConfig) -> None:

@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers.paths import REPO
 from helpers.recipe import TRAIN, assert_one_error_line, result_fields, run_recipe
 
 
@@ -28,6 +29,43 @@ def test_run_shorter_than_the_validation_interval_scores_its_last_weights(tmp_pa
     result = result_fields(proc.stdout)
     assert int(result["batches"]) == 5
     assert 0.0 <= float(result["val"]) <= 1.0 and 0.0 <= float(result["test"]) <= 1.0
+
+
+def composed(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("model", ["sage", "gcn"])
+def test_the_time_to_accuracy_preset_overrides_the_defaults_and_yields_to_the_command_line(model):
+    from hydra.utils import instantiate
+
+    plain = composed(f"model={model}")
+    cfg = composed("preset=time_to_accuracy", f"model={model}", "loader.batch_size=1024")
+    assert (plain.val_every_batches, plain.val_time_share, plain.model.module.lr) == (50, None, 1e-3)
+    assert (cfg.val_every_batches, cfg.val_time_share, cfg.early_stopping.min_delta) == (1, 0.25, 0.001)
+    assert (cfg.model.module.lr, cfg.model.module.hidden, cfg.model.module.glorot_init) == (0.03, 128, True)
+    assert cfg.loader.batch_size == 1024 and cfg.model.sampler.fanouts == plain.model.sampler.fanouts
+    assert composed("preset=time_to_accuracy", "model.module.lr=0.01").model.module.lr == 0.01
+    net = instantiate(cfg.model.module)(in_dim=12, num_classes=3)
+    assert [{w.shape[0] for w in layer.parameters() if w.dim() == 2} for layer in net.layers] == [{128}, {3}]
+
+
+def test_the_time_to_accuracy_preset_trains(tmp_path):
+    proc = run_recipe(tmp_path, "preset=time_to_accuracy", "data.scale=0.02", "trainer.max_epochs=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = result_fields(proc.stdout)
+    assert float(result["val"]) > 0.2 and float(result["test"]) > 0.2
+
+
+def test_a_preset_key_the_module_does_not_take_is_one_error_line_before_the_dataset_loads(tmp_path):
+    proc = run_recipe(
+        tmp_path, "model=gat_pyg", "preset=time_to_accuracy", "data=cora", "data.download=false"
+    )
+    line = assert_one_error_line(proc, "gat_pyg", "PyGNodeClassifier", "model.module.hidden")
+    assert "model.module.glorot_init" in line and "nodes" not in proc.stdout  # before the dataset loads
 
 
 def test_unknown_config_name_is_one_error_line(tmp_path):
