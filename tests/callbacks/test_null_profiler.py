@@ -5,8 +5,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers.paths import CONF
-from hydra import compose, initialize_config_dir
+from helpers.recipe import recipe_config
 from hydra.utils import instantiate
 from lightning.pytorch.profilers import SimpleProfiler
 
@@ -53,8 +52,7 @@ def test_a_trainer_fits_with_it():
 
 @pytest.mark.parametrize("override, kind", [([], NullProfiler), (["trainer.profiler=simple"], str)])
 def test_the_recipe_trainer_takes_it_unless_a_profiler_is_named(override, kind):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=override)
+    cfg = recipe_config(*override)
     profiler = (
         instantiate(cfg.trainer.profiler)
         if not isinstance(cfg.trainer.profiler, str)

@@ -6,9 +6,18 @@ import os
 import subprocess
 import sys
 
-from helpers.paths import REPO
+from helpers.paths import CONF, REPO
 
 TRAIN = [sys.executable, str(REPO / "recipes" / "train.py")]
+
+
+def recipe_config(*overrides: str):
+    """The recipe's configuration (``conf/config.yaml``) composed with ``overrides``, as
+    ``recipes/train.py`` would run it."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
 
 
 def run_recipe(

@@ -6,7 +6,8 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-from helpers.paths import REPO, SHARED_DATA
+from helpers.paths import SHARED_DATA
+from helpers.recipe import recipe_config
 
 from lightning_mqgnn.data import MQGNNDataModule
 from lightning_mqgnn.graph.csr import CSRGraph
@@ -73,12 +74,9 @@ def fit_and_validate(ds: GraphDataset, sampler, conv: str, lr: float = 1e-2) -> 
 
 def model_config(name: str) -> dict:
     """The composed ``model=<name>`` group (variants derive from fastgcn.yaml/ladies.yaml)."""
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"model={name}"])
-    return OmegaConf.to_container(cfg.model)
+    return OmegaConf.to_container(recipe_config(f"model={name}").model)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

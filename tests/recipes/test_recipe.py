@@ -6,8 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers.paths import REPO
-from helpers.recipe import TRAIN, assert_one_error_line, result_fields, run_recipe
+from helpers.recipe import TRAIN, assert_one_error_line, recipe_config, result_fields, run_recipe
 
 
 def test_default_recipe_trains_on_the_generated_graph(tmp_path):
@@ -31,24 +30,17 @@ def test_run_shorter_than_the_validation_interval_scores_its_last_weights(tmp_pa
     assert 0.0 <= float(result["val"]) <= 1.0 and 0.0 <= float(result["test"]) <= 1.0
 
 
-def composed(*overrides: str):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
-
-
 @pytest.mark.parametrize("model", ["sage", "gcn"])
 def test_the_time_to_accuracy_preset_overrides_the_defaults_and_yields_to_the_command_line(model):
     from hydra.utils import instantiate
 
-    plain = composed(f"model={model}")
-    cfg = composed("preset=time_to_accuracy", f"model={model}", "loader.batch_size=1024")
+    plain = recipe_config(f"model={model}")
+    cfg = recipe_config("preset=time_to_accuracy", f"model={model}", "loader.batch_size=1024")
     assert (plain.val_every_batches, plain.val_time_share, plain.model.module.lr) == (50, None, 1e-3)
     assert (cfg.val_every_batches, cfg.val_time_share, cfg.early_stopping.min_delta) == (1, 0.25, 0.001)
     assert (cfg.model.module.lr, cfg.model.module.hidden, cfg.model.module.glorot_init) == (0.03, 128, True)
     assert cfg.loader.batch_size == 1024 and cfg.model.sampler.fanouts == plain.model.sampler.fanouts
-    assert composed("preset=time_to_accuracy", "model.module.lr=0.01").model.module.lr == 0.01
+    assert recipe_config("preset=time_to_accuracy", "model.module.lr=0.01").model.module.lr == 0.01
     net = instantiate(cfg.model.module)(in_dim=12, num_classes=3)
     assert [{w.shape[0] for w in layer.parameters() if w.dim() == 2} for layer in net.layers] == [{128}, {3}]
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from helpers.estimators import assert_input_layer_unbiased
 from helpers.graphs import random_graph
-from helpers.paths import CONF
 from helpers.pipeline import make_trainer, seeded_module, small_dataset
+from helpers.recipe import recipe_config
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.base import Workspace
@@ -409,12 +409,9 @@ def test_gns_labor_upper_layers_are_labor_samplers_layers():
     ],
 )
 def test_labor_model_configs_build_their_sampler(model, aggregation, rounds, normalization, dependent):
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    conf = CONF
-    with initialize_config_dir(str(conf), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"model={model}"])
+    cfg = recipe_config(f"model={model}")
     sampler = instantiate(cfg.model.sampler)(graph=random_graph(isolate_last=True))
     module = instantiate(cfg.model.module)(in_dim=8, num_classes=3)
     assert isinstance(sampler, LaborSampler) and cfg.model.name == model

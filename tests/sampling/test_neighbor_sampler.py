@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers.devices import DEVICES, on_device
 from helpers.graphs import random_graph
-from helpers.paths import CONF
+from helpers.recipe import recipe_config
 
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.sampling.exact import exact_operator, full_block
@@ -131,12 +131,9 @@ def test_block_normalization_is_eq2_on_the_sampled_block_and_only_for_gcn():
 
 @pytest.mark.parametrize(("model", "normalization"), [("gcn", "graph"), ("gcn_block", "block")])
 def test_gcn_model_configs_choose_their_normalization(model, normalization):
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    conf = CONF
-    with initialize_config_dir(str(conf), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"model={model}"])
+    cfg = recipe_config(f"model={model}")
     sampler = instantiate(cfg.model.sampler)(graph=random_graph(isolate_last=True))
     assert (cfg.model.name, sampler.aggregation, sampler.normalization) == (model, "gcn", normalization)
 
