@@ -174,7 +174,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
             f"model {cfg.model.name!r} and loader {loader.func.__name__} do not fit: full-graph training "
             "takes strategy=graph_parallel, pipegcn, pipeqs or gnnpipe, which pick the model and loader"
         )
-    check_validation_schedule(cfg)
     if isinstance(strategy, MQGNNStrategy):  # the recipe's models optimise automatically
         strategy.check_prediction_applies(True, accumulate)
     run_checkpoints = Path(cfg.trainer.get("default_root_dir") or ".") / "checkpoints"
@@ -220,7 +219,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         plugins=checkpoint_plugins(strategy),
         log_every_n_steps=log_every,
         **run_length(cfg, batches),
-        **(validation_schedule(cfg.val_every_batches, batches) if cfg.get("val_time_share") is None else {}),
+        **(validation_schedule(cfg.val_every_batches, batches) if validation_share(cfg) is None else {}),
     )
     # Everything built so far (imports, config, dataset, model: hundreds of thousands of Python
     # objects) lives for the whole run; freezing it keeps the cyclic collector from scanning it
@@ -277,13 +276,12 @@ def check_module_arguments(model: str, make_module) -> None:
         )
 
 
-def check_validation_schedule(cfg: DictConfig) -> None:
-    """A time share of validation is checked at a batch interval, so it needs one."""
-    if cfg.get("val_time_share") is not None and cfg.val_every_batches < 1:
-        raise RecipeError(
-            f"val_time_share={cfg.val_time_share} checks every val_every_batches batches whether "
-            f"a validation fits the share: give val_every_batches >= 1, not {cfg.val_every_batches}"
-        )
+def validation_share(cfg: DictConfig) -> float | None:
+    """The share of the wall time validation may take, checked every ``val_every_batches``
+    batches; None where the schedule is fixed in batches: ``val_time_share=null``, or
+    ``val_every_batches=0``, a validation at every epoch's end."""
+    share = cfg.get("val_time_share")
+    return None if share is None or cfg.val_every_batches < 1 else float(share)
 
 
 def check_resumable(cfg: DictConfig, ckpt_path: str, full_graph: bool) -> None:
@@ -489,11 +487,8 @@ def recipe_callbacks(
         *strategy_callbacks(strategy),
         FitPhase(),
     ]
-    if cfg.get("val_time_share") is not None:
-        check_validation_schedule(cfg)
-        callbacks.append(
-            ValidationTimeBudget(share=float(cfg.val_time_share), every_batches=cfg.val_every_batches)
-        )
+    if (share := validation_share(cfg)) is not None:
+        callbacks.append(ValidationTimeBudget(share=share, every_batches=cfg.val_every_batches))
     if last_checkpoint:
         if checkpoint_dir is None:
             raise ValueError("last_checkpoint needs a checkpoint_dir")
