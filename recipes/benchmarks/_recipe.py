@@ -1,7 +1,11 @@
 """What benchmarks that run ``recipes/train.py`` share: the overrides of a fixed-length comparison
-fit, and the fields of the RESULT line a fit prints."""
+fit, the fields of the RESULT line a fit prints, and the configuration a fit runs with."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def fixed_epochs_overrides(epochs: int) -> list[str]:
@@ -26,3 +30,12 @@ def result_fields(stdout: str) -> dict[str, str] | None:
 def epoch_seconds(fields: dict[str, str]) -> float:
     """Training time per epoch of a fit's RESULT fields (validation not included)."""
     return float(fields["train_time_s"]) / max(int(fields["epochs"]), 1)
+
+
+def recipe_config(overrides: list[str]):
+    """The recipe's configuration (``conf/config.yaml``) composed with ``overrides``, as
+    ``recipes/train.py`` would run it."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)

@@ -1,19 +1,20 @@
 """Benchmark: RaCoM over a slow link, with and without gradient compression.
 
-SAGE (the recipe's model: 2 layers, hidden 256, fan-out 5,5, Adam lr 1e-3) on a graph, trained by
-``--ranks`` CPU processes (gloo) under plain DDP (``MQGNNStrategy`` at staleness 0, DDP bit for bit)
-and the gradient queue at staleness 1, 2 (``"s2"``) and ``"auto"``, each with no comm hook, torch's
-fp16 and PowerSGD (rank 1 and 4) hooks and ``quantize_hook`` (4 bits; 4 and 2 with error feedback),
-the queue's also with each gradient computed at the predicted weights ("s1 q4 predicted":
-``predict_weights=True``), behind a SIMULATED link of a given bandwidth and latency. The link is one
-wire per rank: a collective's messages are delivered once the wire has carried the rank's bytes (a
-ring all-reduce of p payload bytes carries 2 (w - 1) / w * p, an all-gather (w - 1) * p) and the
-latency has passed, queued behind what the wire carries already; the real gloo collective must also
-have completed. Every gradient reduction and model synchronisation goes over it (DDP's through a
-comm hook that DDP waits for at the end of backward). Reported per configuration, mean over the
-ranks: gradient bytes a step (the payload handed to collectives, ``CommStats.grad_bytes``), time
-blocked on reductions a step, training time an epoch (median epoch) and the test metric of the final
-weights (exact full-graph inference). A measurement: nothing here asserts timings.
+SAGE (``NodeClassifier``'s defaults, the paper's: 2 layers, hidden 256, Adam lr 1e-3; fan-out 5,5)
+on a graph, trained by ``--ranks`` CPU processes (gloo) under plain DDP (``MQGNNStrategy`` at
+staleness 0, DDP bit for bit) and the gradient queue at staleness 1, 2 (``"s2"``) and ``"auto"``,
+each with no comm hook, torch's fp16 and PowerSGD (rank 1 and 4) hooks and ``quantize_hook`` (4
+bits; 4 and 2 with error feedback), the queue's also with each gradient computed at the predicted
+weights ("s1 q4 predicted": ``predict_weights=True``), behind a SIMULATED link of a given bandwidth
+and latency. The link is one wire per rank: a collective's messages are delivered once the wire has
+carried the rank's bytes (a ring all-reduce of p payload bytes carries 2 (w - 1) / w * p, an
+all-gather (w - 1) * p) and the latency has passed, queued behind what the wire carries already; the
+real gloo collective must also have completed. Every gradient reduction and model synchronisation
+goes over it (DDP's through a comm hook that DDP waits for at the end of backward). Reported per
+configuration, mean over the ranks: gradient bytes a step (the payload handed to collectives,
+``CommStats.grad_bytes``), time blocked on reductions a step, training time an epoch (median epoch)
+and the test metric of the final weights (exact full-graph inference). A measurement: nothing here
+asserts timings.
 
     python recipes/bench.py compressed --data amazon_computers_128 --links 1:1,10:0.1 --out docs/benchmarks/compressed
 """

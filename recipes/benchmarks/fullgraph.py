@@ -31,6 +31,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from benchmarks._recipe import recipe_config
 from benchmarks._report import machine_header, write_report
 
 MODES = {  # name: FullGraphStrategy arguments
@@ -38,19 +39,15 @@ MODES = {  # name: FullGraphStrategy arguments
     "pipegcn": dict(mode="stale", quantize=False),
     "pipeqs": dict(mode="stale", quantize=True),
 }
-REPO = Path(__file__).resolve().parents[2]
 
 
 def load_dataset(name: str, products_scale: float):
     """The recipe's ``conf/data/<name>.yaml`` (coauthor_physics: its 1,024 most frequent
     columns), products_like at ``products_scale``."""
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
     overrides = [f"data={name}"] + ([f"data.scale={products_scale}"] if name == "products_like" else [])
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-        return instantiate(cfg.data)
+    return instantiate(recipe_config(overrides).data)
 
 
 def simulated_link(latency_s: float, bandwidth_bytes_s: float):

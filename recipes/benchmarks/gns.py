@@ -14,7 +14,8 @@ accuracy is a timing: run it on a quiet machine). Variants (``--variants``):
 - ``cached_only``: the GNS authors' rule, cached neighbours only, node-wise upper layer;
 - ``labor_star``: ``model=labor_star_<m>``, LABOR-* without a cache (what the cache adds).
 
-Per (graph, model) the target is node-wise sampling's best validation metric (mean over its seeds)
+Every variant trains at one learning rate (``--lr``), so the table compares the samplers. Per
+(graph, model) the target is node-wise sampling's best validation metric (mean over its seeds)
 minus ``--margin``; a run's time to it is the training time (validation excluded, ``time/train_s``
 of the run's metrics log) at its first validation at or above the target.
 """
@@ -148,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         help="extra overrides per graph, e.g. 'products_like=data.scale=0.05' (';' between graphs)",
     )
     parser.add_argument("--models", default="sage,gcn")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=1e-3,
+        help="every variant's learning rate (the node-wise models' default differs from the GNS ones')",
+    )
     parser.add_argument("--extra", default="", help="more recipe overrides for every run, space separated")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--seeds", default="0,1,2")
@@ -159,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     extra = dict(item.split("=", 1) for item in args.data_overrides.split(";") if item)
+    overrides = [f"model.module.lr={args.lr:g}", *args.extra.split()]  # --extra may set another
     variants = args.variants.split(",")
     unknown = sorted(set(variants) - VARIANTS.keys())
     if unknown:
@@ -174,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 for seed in (int(s) for s in args.seeds.split(",")):
                     if (model, data, seed, variant) in done:
                         continue
-                    run = run_one(model, data, seed, variant, args.extra.split(), args.timeout)
+                    run = run_one(model, data, seed, variant, overrides, args.timeout)
                     runs.append(run)
                     status = run.get("error") or f"test={run['test']:.4f} rows={run['rows']:.0f}"
                     print(f"{data} {model} {variant} seed={seed}: {status}", flush=True)

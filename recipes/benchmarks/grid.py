@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks._recipe import epoch_seconds, fixed_epochs_overrides, result_fields
+from benchmarks._recipe import epoch_seconds, fixed_epochs_overrides, recipe_config, result_fields
 from benchmarks._report import machine_header, write_report
 
 RECIPES = Path(__file__).resolve().parents[1]
@@ -130,6 +130,12 @@ def run_ours(config: str, model: str, dataset: str, seed: int, args) -> dict:
     }
 
 
+def recipe_lr(model: str, extra: str) -> float:
+    """The learning rate our fits of ``model`` train at, which DGL's loop trains at too: the grid
+    compares their test metrics after the same epochs."""
+    return float(recipe_config([f"model={model}", *extra.split()]).model.module.lr)
+
+
 def run_dgl(model: str, dataset: str, seed: int, args, bf16: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "dgl.json"
@@ -141,6 +147,7 @@ def run_dgl(model: str, dataset: str, seed: int, args, bf16: bool = False) -> di
             f"--model={model.split('_')[0]}",  # a variant's DGL baseline is its base model
             f"--epochs={args.epochs}",
             f"--batch-size={args.batch_size}",
+            f"--lr={recipe_lr(model, args.extra)}",
             f"--seed={seed}",
             f"--json={out}",
             *(["--bf16"] if bf16 else []),

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._recipe import recipe_config
 from benchmarks._report import machine_header, write_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,14 +44,11 @@ HERE = Path(__file__).resolve()
 def sampler_config(model: str, extra: list[str]):
     """The sampler partial of ``conf/model/<model>.yaml`` with the ``model.*`` overrides among
     ``extra`` (e.g. ``model.sampler.fanouts=[10,10]``), as the recipe builds it."""
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
     overrides = [f"model={model}"]
     overrides += [o for o in extra if o.startswith("model.")]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    return instantiate(cfg.model.sampler)
+    return instantiate(recipe_config(overrides).model.sampler)
 
 
 def seed_batches(dataset, batch_size: int, seed: int, limit: int) -> list[tuple[int, int, torch.Tensor]]:

@@ -23,15 +23,12 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks._recipe import epoch_seconds, fixed_epochs_overrides, result_fields
+from benchmarks._recipe import epoch_seconds, fixed_epochs_overrides, recipe_config, result_fields
 from benchmarks._report import machine_header, write_report
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def fit_once(data: str, model: str, loader: str, seed: int, epochs: int, extra: list[str], root: str) -> dict:
     """One ``train`` of the recipe with ``loader``; its RESULT fields, printed output swallowed."""
-    from hydra import compose, initialize_config_dir
     from train import train
 
     overrides = [
@@ -43,8 +40,7 @@ def fit_once(data: str, model: str, loader: str, seed: int, epochs: int, extra: 
         f"trainer.default_root_dir={root}",
         *extra,
     ]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = recipe_config(overrides)
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):

@@ -43,6 +43,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks._cuda_graphs import CUDA_GRAPHS_HELP, cuda_graph_modes
+from benchmarks._recipe import recipe_config
 from benchmarks._report import attempt, exit_status, machine_header, write_report
 from benchmarks._sync_census import cuda_sync_count
 from lightning_mqgnn.pipeline.produce import produce_batch
@@ -151,11 +152,9 @@ def recipe_objects(data: str, model: str, extra: list[str], dataset=None):
     """Dataset, sampler, LightningModule factory and loader config, exactly as ``recipes/train.py``
     builds them (``dataset``: one already built from the same data config, reused; the factory's
     ``cuda_graphs``: the module's steps replayed from CUDA graphs)."""
-    from hydra import compose, initialize_config_dir
     from train import build_sampler
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"data={data}", f"model={model}", *extra])
+    cfg = recipe_config([f"data={data}", f"model={model}", *extra])
     if dataset is None:
         dataset = instantiate(cfg.data)
     sampler = build_sampler(instantiate(cfg.model.sampler), dataset)

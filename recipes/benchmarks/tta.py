@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=120.0, help="each run's wall-time budget")
     parser.add_argument("--max-epochs", type=int, default=200, help="DGL's and PyG's epoch budget")
     parser.add_argument("--margin", type=float, default=0.005, help="target: DGL's best val less this")
-    parser.add_argument("--dgl-lrs", default="0.001,0.003,0.01")
+    parser.add_argument("--dgl-lrs", default="0.003,0.01,0.03")
     parser.add_argument("--dgl-batches", default="1024,512")
     parser.add_argument("--tune-lrs", default="0.003,0.01,0.03", help="the tuned candidate's rates")
     parser.add_argument("--tune-batches", default="512,1024", help="the tuned candidate's batch sizes")

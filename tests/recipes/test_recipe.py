@@ -24,7 +24,14 @@ def test_default_recipe_trains_on_the_generated_graph(tmp_path):
 
 def test_run_shorter_than_the_validation_interval_scores_its_last_weights(tmp_path):
     """max_steps below val_every_batches: no checkpoint was saved, yet the run reports val and test."""
-    proc = run_recipe(tmp_path, "data.scale=0.02", "trainer.max_epochs=-1", "trainer.max_steps=5")
+    proc = run_recipe(
+        tmp_path,
+        "data.scale=0.02",  # 4 training batches an epoch
+        "val_every_batches=10",
+        "val_time_share=null",
+        "trainer.max_epochs=-1",
+        "trainer.max_steps=5",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = result_fields(proc.stdout)
     assert int(result["batches"]) == 5
@@ -37,13 +44,22 @@ def test_the_time_to_accuracy_preset_overrides_the_defaults_and_yields_to_the_co
 
     plain = recipe_config(f"model={model}")
     cfg = recipe_config("preset=time_to_accuracy", f"model={model}", "loader.batch_size=1024")
-    assert (plain.val_every_batches, plain.val_time_share, plain.model.module.lr) == (50, None, 1e-3)
-    assert (cfg.val_every_batches, cfg.val_time_share, cfg.early_stopping.min_delta) == (1, 0.25, 0.001)
+    assert (plain.val_every_batches, plain.val_time_share, plain.model.module.lr) == (1, 0.25, 0.01)
+    assert (cfg.val_every_batches, cfg.val_time_share, cfg.early_stopping) == (1, 0.25, plain.early_stopping)
     assert (cfg.model.module.lr, cfg.model.module.hidden, cfg.model.module.glorot_init) == (0.03, 128, True)
     assert cfg.loader.batch_size == 1024 and cfg.model.sampler.fanouts == plain.model.sampler.fanouts
     assert recipe_config("preset=time_to_accuracy", "model.module.lr=0.01").model.module.lr == 0.01
     net = instantiate(cfg.model.module)(in_dim=12, num_classes=3)
     assert [{w.shape[0] for w in layer.parameters() if w.dim() == 2} for layer in net.layers] == [{128}, {3}]
+
+
+@pytest.mark.parametrize("model", ["sage", "labor_gcn", "ladies_fd"])
+def test_the_paper_preset_restores_mq_gnns_protocol_for_every_model(model):
+    cfg = recipe_config("preset=paper", f"model={model}")
+    assert (cfg.val_every_batches, cfg.val_time_share, cfg.early_stopping.min_delta) == (50, None, 0.01)
+    assert cfg.early_stopping.patience_batches == recipe_config().early_stopping.patience_batches
+    assert cfg.model.module.lr == 1e-3
+    assert recipe_config("preset=paper", f"model={model}", "model.module.lr=0.02").model.module.lr == 0.02
 
 
 def test_the_time_to_accuracy_preset_trains(tmp_path):
@@ -249,6 +265,7 @@ RESUME = (
     "trainer.max_steps=-1",
     "early_stopping.patience_batches=1000000",
     "last_checkpoint_every_s=0",
+    "val_time_share=null",  # validations where the batches say, not the clock
     "val_every_batches=3",  # inside the 4-batch epochs: best.ckpt is written mid-epoch
 )
 
@@ -399,7 +416,8 @@ def test_a_run_resumed_to_a_later_end_validates_where_it_would_have(tmp_path):
 def test_a_run_validating_within_a_share_of_its_time_resumes_exactly(tmp_path):
     """Under val_time_share the validations fall where the clock says, the batches trained on do
     not: the run resumed from its second epoch ends with the straight run's parameters."""
-    through, resumed = _resumed_as_straight(tmp_path, *RESUME, "val_time_share=0.5")
+    by_clock = (*(o for o in RESUME if not o.startswith("val_time_share")), "val_time_share=0.5")
+    through, resumed = _resumed_as_straight(tmp_path, *by_clock)
     assert result_fields(resumed.stdout)["batches"] == result_fields(through.stdout)["batches"]
 
 

@@ -15,6 +15,8 @@ from helpers.recipe import assert_one_error_line, result_fields, run_recipe
 
 CONVERT = [sys.executable, str(REPO / "recipes" / "convert.py")]
 SMALL = ("data.scale=0.02", "data.seed=1")
+# validations after the same batches in both runs compared, not where the clock says
+FIXED_VALIDATION = "val_time_share=null"
 
 
 def convert(*overrides: str) -> subprocess.CompletedProcess:
@@ -61,7 +63,7 @@ def _scores(proc: subprocess.CompletedProcess) -> tuple[str, ...]:
 def test_an_ondisk_dataset_trains_as_its_in_memory_original(converted, tmp_path, setup):
     """With the mapped pages bounded below what the libraries alone map: every process drops its
     pages as often as it checks, and the batches stay the same."""
-    common = ("trainer.max_epochs=2", *setup)
+    common = ("trainer.max_epochs=2", FIXED_VALIDATION, *setup)
     in_memory = run_recipe(tmp_path / "memory", *SMALL, *common)
     on_disk = run_recipe(
         tmp_path / "disk", "data=ondisk", f"data.path={converted}", "data.resident_gb=0.05", *common
@@ -83,7 +85,7 @@ def test_an_ondisk_dataset_trains_as_its_in_memory_original(converted, tmp_path,
 def test_a_host_tier_of_feature_rows_trains_as_the_features_alone(converted, tmp_path, setup):
     """The tier holds a third of the rows or so; what it serves is the same values, so the
     batches and the scores stay those of the in-memory run without it."""
-    common = ("trainer.max_epochs=2", *setup)
+    common = ("trainer.max_epochs=2", FIXED_VALIDATION, *setup)
     in_memory = run_recipe(tmp_path / "memory", *SMALL, *common)
     on_disk = run_recipe(
         tmp_path / "disk", "data=ondisk", f"data.path={converted}", "loader.host_cache_gb=0.0005", *common
@@ -149,7 +151,7 @@ def test_half_precision_features_train_as_their_values_widened_to_float32(
     """Rows, the first layer's aggregation, the host tier and the GNS device cache read half-precision
     features widened to float32: the run is the float32 run on the same values, score for score."""
     half, widened = half_precision(dtype)
-    common = ("data=ondisk", "trainer.max_epochs=2", *setup)
+    common = ("data=ondisk", "trainer.max_epochs=2", FIXED_VALIDATION, *setup)
     reference = run_recipe(tmp_path / "widened", f"data.path={widened}", *common)
     stored = run_recipe(tmp_path / "half", f"data.path={half}", *common)
     assert _scores(stored) == _scores(reference)
@@ -166,7 +168,13 @@ def test_convert_with_an_unknown_features_dtype_is_one_error_line(tmp_path):
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_two_ranks_train_on_an_ondisk_dataset_as_in_memory(converted, tmp_path):
-    common = ("trainer.max_epochs=2", "trainer.accelerator=cpu", "trainer.devices=2", "strategy=mqgnn")
+    common = (
+        "trainer.max_epochs=2",
+        FIXED_VALIDATION,
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "strategy=mqgnn",
+    )
     in_memory = run_recipe(tmp_path / "memory", *SMALL, *common, timeout=600)
     on_disk = run_recipe(tmp_path / "disk", "data=ondisk", f"data.path={converted}", *common, timeout=600)
     assert _scores(on_disk) == _scores(in_memory)
