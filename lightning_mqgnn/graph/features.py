@@ -21,6 +21,8 @@ import torch
 from torch import Tensor
 
 REDUCTIONS = ("projection", "frequent")
+# torch's one-time notice that sparse CSR tensors are in beta: noise where CSR is what a product runs on
+CSR_BETA_NOTICE = "Sparse CSR tensor support is in beta"
 
 
 def row_normalize(indptr: Tensor, values: Tensor) -> Tensor:
@@ -53,8 +55,8 @@ def sparse_random_projection(
     proj[u < 1.0 / (2.0 * s)] = 1.0
     proj[u > 1.0 - 1.0 / (2.0 * s)] = -1.0
     proj.mul_(math.sqrt(s / k))
-    with warnings.catch_warnings():  # torch's one-time "sparse CSR is beta" notice is noise here
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=CSR_BETA_NOTICE)
         x = torch.sparse_csr_tensor(indptr, indices, values, size=shape, check_invariants=False)
     return torch.sparse.mm(x, proj).contiguous()
 
@@ -77,8 +79,8 @@ def sparse_rows(features: Tensor, max_density: float = SPARSE_DENSITY) -> Tensor
         return None
     if int(torch.count_nonzero(features)) > max_density * features.numel():
         return None
-    with warnings.catch_warnings():  # torch's one-time "sparse CSR is beta" notice is noise here
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=CSR_BETA_NOTICE)
         return features.to_sparse_csr()
 
 

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor
 
+from lightning_mqgnn.graph.features import CSR_BETA_NOTICE
 from lightning_mqgnn.sampling.aggregate import transpose_of, weighted_row_sum, weighted_row_sum_with_self
 
-# CSR sparse-dense products are what every layer runs on; torch's one-time beta notice is noise.
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+# CSR sparse-dense products are what every layer runs on
+warnings.filterwarnings("ignore", message=CSR_BETA_NOTICE)
 
 
 BLOCK_TENSORS = ("indptr", "indices", "weights", "src_indptr", "src_rows", "src_weights")
