@@ -18,6 +18,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from benchmarks._recipe import recipe_config
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.generated import generate_graph
 from lightning_mqgnn.graph.npz import load_npz
@@ -49,12 +50,9 @@ def load_dataset(spec: str, scale: float = 1.0, seed: int = 0) -> GraphDataset:
 
 
 def load_data_config(name: str) -> GraphDataset:
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"data={name}"])
-    return instantiate(cfg.data)
+    return instantiate(recipe_config([f"data={name}"]).data)
 
 
 def split_scores(logits: Tensor, dataset: GraphDataset, splits: Sequence[Tensor]) -> list[float]:
