@@ -263,7 +263,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 def check_module_arguments(model: str, make_module) -> None:
     """Every ``model.module`` key is an argument of the module it builds: a preset (``conf/preset/``)
-    may set keys that some modules lack (``hidden`` for a PyG layer stack)."""
+    or the command line may set keys that some modules lack (``hidden`` for a PyG layer stack)."""
     parameters = inspect.signature(make_module.func).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return

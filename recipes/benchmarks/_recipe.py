@@ -1,5 +1,6 @@
 """What benchmarks that run ``recipes/train.py`` share: the overrides of a fixed-length comparison
-fit, the fields of the RESULT line a fit prints, and the configuration a fit runs with."""
+fit, the fields of the RESULT line a fit prints, the configuration a fit runs with, and the
+overrides that give one model another's network."""
 
 from __future__ import annotations
 
@@ -39,3 +40,22 @@ def recipe_config(overrides: list[str]):
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
+
+
+NETWORK = ("lr", "hidden", "glorot_init")
+
+
+def network_overrides(model: str, keys: tuple[str, ...] = NETWORK, extra: list[str] = ()) -> list[str]:
+    """``model.module.<key>=<value>`` for each of ``keys`` as ``model=<model>`` (with ``extra``)
+    sets it (a key it leaves out as null: the module's default): what a benchmark comparing
+    samplers or loaders gives every model, so they train one network (``model=sage`` ships another
+    width, start and rate than its GNS and LABOR variants)."""
+    module = recipe_config([f"model={model}", *extra]).model.module
+    return [f"model.module.{key}={override_value(module.get(key))}" for key in keys]
+
+
+def override_value(value) -> str:
+    """``value`` as Hydra's override grammar reads it back."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -14,7 +14,8 @@ accuracy is a timing: run it on a quiet machine). Variants (``--variants``):
 - ``cached_only``: the GNS authors' rule, cached neighbours only, node-wise upper layer;
 - ``labor_star``: ``model=labor_star_<m>``, LABOR-* without a cache (what the cache adds).
 
-Every variant trains at one learning rate (``--lr``), so the table compares the samplers. Per
+Every variant trains at one learning rate (``--lr``) and with the hidden width and weight start of
+``model=<m>_gns`` (``model=sage``'s own defaults differ), so the table compares the samplers. Per
 (graph, model) the target is node-wise sampling's best validation metric (mean over its seeds)
 minus ``--margin``; a run's time to it is the training time (validation excluded, ``time/train_s``
 of the run's metrics log) at its first validation at or above the target.
@@ -32,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._recipe import result_fields
+from benchmarks._recipe import network_overrides, result_fields
 from benchmarks._report import machine_header, write_report
 
 TRAIN = Path(__file__).resolve().parents[1] / "train.py"
@@ -178,11 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.datasets.split(","):
         data = f"data={name} {extra.get(name, '')}".strip()
         for model in args.models.split(","):
+            network = [*network_overrides(f"{model}_gns", ("hidden", "glorot_init")), *overrides]
             for variant in variants:
                 for seed in (int(s) for s in args.seeds.split(",")):
                     if (model, data, seed, variant) in done:
                         continue
-                    run = run_one(model, data, seed, variant, overrides, args.timeout)
+                    run = run_one(model, data, seed, variant, network, args.timeout)
                     runs.append(run)
                     status = run.get("error") or f"test={run['test']:.4f} rows={run['rows']:.0f}"
                     print(f"{data} {model} {variant} seed={seed}: {status}", flush=True)

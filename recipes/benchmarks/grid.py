@@ -29,7 +29,13 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks._recipe import epoch_seconds, fixed_epochs_overrides, recipe_config, result_fields
+from benchmarks._recipe import (
+    epoch_seconds,
+    fixed_epochs_overrides,
+    network_overrides,
+    recipe_config,
+    result_fields,
+)
 from benchmarks._report import machine_header, write_report
 
 RECIPES = Path(__file__).resolve().parents[1]
@@ -103,8 +109,10 @@ def monitored(
 
 
 def run_ours(config: str, model: str, dataset: str, seed: int, args) -> dict:
+    # the GNS model trains model=<model>'s network: every configuration trains the same model
+    gns = [f"model={model}_gns", *network_overrides(model, extra=args.extra.split())]
     overrides = [
-        f"model={model}_gns" if config == "pipeline_gns" else f"model={model}",
+        *(gns if config == "pipeline_gns" else [f"model={model}"]),
         f"data={dataset}",
         f"seed={seed}",
         *CONFIG_OVERRIDES[config],
@@ -130,13 +138,16 @@ def run_ours(config: str, model: str, dataset: str, seed: int, args) -> dict:
     }
 
 
-def recipe_lr(model: str, extra: str) -> float:
-    """The learning rate our fits of ``model`` train at, which DGL's loop trains at too: the grid
-    compares their test metrics after the same epochs."""
-    return float(recipe_config([f"model={model}", *extra.split()]).model.module.lr)
+def recipe_module(model: str, extra: str) -> tuple[float, int]:
+    """The learning rate and hidden width our fits of ``model`` train at, which DGL's loop takes
+    too: the grid compares their epoch times and test metrics after the same epochs."""
+    module = recipe_config([f"model={model}", *extra.split()]).model.module
+    hidden = module.hidden if "hidden" in module else module.layers.hidden  # PyG's stacks nest it
+    return float(module.lr), int(hidden)
 
 
 def run_dgl(model: str, dataset: str, seed: int, args, bf16: bool = False) -> dict:
+    lr, hidden = recipe_module(model, args.extra)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "dgl.json"
         cmd = [
@@ -147,7 +158,8 @@ def run_dgl(model: str, dataset: str, seed: int, args, bf16: bool = False) -> di
             f"--model={model.split('_')[0]}",  # a variant's DGL baseline is its base model
             f"--epochs={args.epochs}",
             f"--batch-size={args.batch_size}",
-            f"--lr={recipe_lr(model, args.extra)}",
+            f"--lr={lr}",
+            f"--hidden={hidden}",
             f"--seed={seed}",
             f"--json={out}",
             *(["--bf16"] if bf16 else []),

@@ -9,7 +9,8 @@ Three parts (``--parts``, all by default):
   seeds it. The first model is the node-wise reference of the ratio column.
 - ``train``: epoch time and test metric through the recipe, with the grid's protocol
   (``benchmarks.grid.run_ours``: ``--epochs`` epochs, early stopping off, one validation per
-  epoch, test at the best epoch), in the ``--config`` configuration of the grid.
+  epoch, test at the best epoch), in the ``--config`` configuration of the grid, every model with
+  the first one's learning rate, hidden width and weight start.
 - ``speed``: milliseconds per batch of this project's ``LaborSampler`` in this environment and of
   DGL's ``dgl.dataloading.LaborSampler`` (``sample_blocks``, no DataLoader) in a process of the DGL
   environment (``--dgl-python``, whose torch is older: ours is timed there too), on the same graph
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._recipe import recipe_config
+from benchmarks._recipe import network_overrides, recipe_config
 from benchmarks._report import machine_header, write_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,8 +97,12 @@ def run_counts(datasets: list[str], models: list[str], seeds: list[int], args, c
 
 
 def run_training(datasets: list[str], models: list[str], seeds: list[int], args) -> list[dict]:
+    """Every model trains the reference's network (its rate, width and start): the runs compare
+    samplers."""
     from benchmarks.grid import run_ours
 
+    network = network_overrides(models[0], extra=args.extra.split())
+    args = argparse.Namespace(**{**vars(args), "extra": " ".join([*network, args.extra])})
     runs = []
     for name in datasets:
         for model in models:

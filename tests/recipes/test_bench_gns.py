@@ -34,3 +34,23 @@ def test_gns_benchmark_reads_curves_and_sets_gns_against_node_wise(tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert again.returncode == 0, again.stderr[-2000:]
     assert len(jsonl.read_text().splitlines()) == 2  # nothing ran twice
+
+
+def test_node_wise_sampling_trains_the_gns_models_network(monkeypatch):
+    """``model=sage`` ships another width, start and rate than ``model=sage_gns``; the benchmark
+    gives every variant the GNS model's width and start, so its table compares samplers only."""
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    from benchmarks._recipe import network_overrides, recipe_config
+
+    network = network_overrides("sage_gns", ("hidden", "glorot_init"))
+    assert network == ["model.module.hidden=256", "model.module.glorot_init=false"]
+    for model in ("sage", "sage_gns"):
+        module = recipe_config([f"model={model}", *network]).model.module
+        assert (module.hidden, module.glorot_init) == (256, False)
+    assert network_overrides("gcn_gns", ("hidden", "glorot_init")) == network  # sage_gns with GCN's operator
+    assert network_overrides("sage") == [
+        "model.module.lr=0.01",
+        "model.module.hidden=128",
+        "model.module.glorot_init=true",
+    ]
+    assert network_overrides("gcn", ("glorot_init",)) == ["model.module.glorot_init=null"]

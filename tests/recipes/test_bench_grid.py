@@ -39,9 +39,12 @@ def test_the_table_gives_each_seeds_speedup_beside_the_ratio_of_means(grid):
     assert "| 0.59x (0.50, 0.67) | 1.00x (1.00, 1.00) |" in dgl
 
 
-def test_dgls_loop_trains_at_the_learning_rate_of_our_fits(grid):
-    """The grid compares test metrics after the same epochs, so both sides take the recipe's rate."""
-    assert grid.recipe_lr("sage", "") == grid.recipe_lr("gcn", "") == 0.01
-    assert grid.recipe_lr("ladies", "") == 1e-3
-    assert grid.recipe_lr("sage", "loader.batch_size=1024 model.module.lr=0.003") == 0.003
-    assert grid.recipe_lr("sage", "preset=paper") == 1e-3
+def test_dgls_loop_trains_at_the_learning_rate_and_width_of_our_fits(grid):
+    """The grid compares epoch times and test metrics after the same epochs, so both sides take
+    the recipe's rate and hidden width."""
+    assert grid.recipe_module("sage", "") == (0.01, 128)
+    assert grid.recipe_module("gcn", "") == (0.01, 256)
+    assert grid.recipe_module("ladies", "") == (1e-3, 256)
+    assert grid.recipe_module("sage_pyg", "") == (1e-3, 256)
+    assert grid.recipe_module("sage", "loader.batch_size=1024 model.module.lr=0.003") == (0.003, 128)
+    assert grid.recipe_module("sage", "preset=paper model.module.hidden=256") == (1e-3, 256)

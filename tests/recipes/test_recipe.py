@@ -46,11 +46,15 @@ def test_the_time_to_accuracy_preset_overrides_the_defaults_and_yields_to_the_co
     cfg = recipe_config("preset=time_to_accuracy", f"model={model}", "loader.batch_size=1024")
     assert (plain.val_every_batches, plain.val_time_share, plain.model.module.lr) == (1, 0.25, 0.01)
     assert (cfg.val_every_batches, cfg.val_time_share, cfg.early_stopping) == (1, 0.25, plain.early_stopping)
-    assert (cfg.model.module.lr, cfg.model.module.hidden, cfg.model.module.glorot_init) == (0.03, 128, True)
+    assert cfg.model.module.lr == 0.03 and {**cfg.model.module, "lr": 0.01} == plain.model.module
     assert cfg.loader.batch_size == 1024 and cfg.model.sampler.fanouts == plain.model.sampler.fanouts
     assert recipe_config("preset=time_to_accuracy", "model.module.lr=0.01").model.module.lr == 0.01
     net = instantiate(cfg.model.module)(in_dim=12, num_classes=3)
-    assert [{w.shape[0] for w in layer.parameters() if w.dim() == 2} for layer in net.layers] == [{128}, {3}]
+    hidden = {"sage": 128, "gcn": 256}[model]
+    assert [{w.shape[0] for w in layer.parameters() if w.dim() == 2} for layer in net.layers] == [
+        {hidden},
+        {3},
+    ]
 
 
 @pytest.mark.parametrize("model", ["sage", "labor_gcn", "ladies_fd"])
@@ -69,10 +73,10 @@ def test_the_time_to_accuracy_preset_trains(tmp_path):
     assert float(result["val"]) > 0.2 and float(result["test"]) > 0.2
 
 
-def test_a_preset_key_the_module_does_not_take_is_one_error_line_before_the_dataset_loads(tmp_path):
-    proc = run_recipe(
-        tmp_path, "model=gat_pyg", "preset=time_to_accuracy", "data=cora", "data.download=false"
-    )
+def test_a_module_key_the_module_does_not_take_is_one_error_line_before_the_dataset_loads(tmp_path):
+    # keys of model=sage's network, which PyG's layer stacks set inside model.module.layers
+    sage_keys = ["+model.module.hidden=128", "+model.module.glorot_init=true"]
+    proc = run_recipe(tmp_path, "model=gat_pyg", *sage_keys, "data=cora", "data.download=false")
     line = assert_one_error_line(proc, "gat_pyg", "PyGNodeClassifier", "model.module.hidden")
     assert "model.module.glorot_init" in line and "nodes" not in proc.stdout  # before the dataset loads
 
@@ -335,7 +339,7 @@ def test_a_run_under_the_default_cap_ends_at_an_epochs_end_and_resumes(resumed_r
         ("mid_epoch", ["best.ckpt", "inside an epoch", "step 15"]),
         ("missing", ["nope.ckpt", "no such file"]),
         ("not_a_checkpoint", ["config.yaml", "not a readable checkpoint"]),
-        ("other_model", ["different model", "hidden=256 (this run: 128)"]),
+        ("other_model", ["different model", "hidden=128 (this run: 64)"]),
         pytest.param(
             "other_settings",
             ["other settings", "loader.batch_size=512 (this run: 300)"],
@@ -367,7 +371,7 @@ def test_a_checkpoint_that_does_not_continue_this_run_is_one_error_line(
         "not_a_checkpoint": [f"ckpt_path={root / 'through' / '.hydra' / 'config.yaml'}"],
         # moved out of its run folder, where no saved config says how it was started: the
         # checkpoint's own hyperparameters still do
-        "other_model": [f"ckpt_path={moved}", "model.module.hidden=128"],
+        "other_model": [f"ckpt_path={moved}", "model.module.hidden=64"],
         "other_settings": [f"ckpt_path={last}", "loader.batch_size=300"],
         "other_validation": [f"ckpt_path={last}", "val_every_batches=5"],
         "full_graph": [f"ckpt_path={last}", "strategy=graph_parallel", "trainer.accelerator=cpu"],
