@@ -4,6 +4,7 @@ overrides that give one model another's network."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -45,7 +46,7 @@ def recipe_config(overrides: list[str]):
 NETWORK = ("lr", "hidden", "glorot_init")
 
 
-def network_overrides(model: str, keys: tuple[str, ...] = NETWORK, extra: list[str] = ()) -> list[str]:
+def network_overrides(model: str, keys: tuple[str, ...] = NETWORK, extra: Sequence[str] = ()) -> list[str]:
     """``model.module.<key>=<value>`` for each of ``keys`` as ``model=<model>`` (with ``extra``)
     sets it (a key it leaves out as null: the module's default): what a benchmark comparing
     samplers or loaders gives every model, so they train one network (``model=sage`` ships another

@@ -109,10 +109,12 @@ def monitored(
 
 
 def run_ours(config: str, model: str, dataset: str, seed: int, args) -> dict:
-    # the GNS model trains model=<model>'s network: every configuration trains the same model
-    gns = [f"model={model}_gns", *network_overrides(model, extra=args.extra.split())]
+    if config == "pipeline_gns":  # with model=<model>'s network: every configuration trains one model
+        chosen = [f"model={model}_gns", *network_overrides(model, extra=args.extra.split())]
+    else:
+        chosen = [f"model={model}"]
     overrides = [
-        *(gns if config == "pipeline_gns" else [f"model={model}"]),
+        *chosen,
         f"data={dataset}",
         f"seed={seed}",
         *CONFIG_OVERRIDES[config],
