@@ -557,6 +557,9 @@ def main(cfg: DictConfig) -> None:
     except (InstantiationException, OmegaConfBaseException) as err:
         print(f"error: {config_error_line(err)}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except BaseException:  # unforeseen: the traceback stands, and no rank this one started outlives it
+        end_launched_ranks()
+        raise
 
 
 def end_launched_ranks(grace_s: float = 0.5) -> None:

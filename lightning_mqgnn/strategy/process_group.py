@@ -17,6 +17,7 @@ except ImportError:
 
 # torch's public torch.distributed.set_timeout where it exists, else its private _set_pg_timeout
 _timeout_setter = getattr(dist, "set_timeout", None) or _set_pg_timeout
+_default_group_timeout: timedelta | None = None  # what set_timeout last gave the default group
 
 
 def can_set_timeout() -> bool:
@@ -30,6 +31,14 @@ def set_timeout(timeout: timedelta, group: Any = None) -> None:
     if _timeout_setter is None:
         raise RuntimeError(f"torch {torch.__version__} cannot change a process group's timeout")
     _timeout_setter(timeout, group)
+    if group is None:
+        global _default_group_timeout
+        _default_group_timeout = timeout
+
+
+def default_group_timeout() -> timedelta | None:
+    """The timeout ``set_timeout`` last gave the default group (None: it never did)."""
+    return _default_group_timeout
 
 
 def _destroy_process_group() -> None:

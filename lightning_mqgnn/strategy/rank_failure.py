@@ -12,8 +12,14 @@ from dataclasses import dataclass
 import psutil
 import torch.distributed as dist
 
+from lightning_mqgnn.strategy.process_group import default_group_timeout
+
+# what gloo says of every other collective on a connection once one of them timed out: the first
+# to time out may be another thread's, or an asynchronous one not yet waited for
+_PAIR_CLOSED = "Application timeout caused pair closure"
 # what gloo and NCCL say when the other side of a collective is gone or silent
 _PEER_GONE = (
+    _PAIR_CLOSED,
     "Connection closed by peer",
     "Connection reset by peer",
     "Broken pipe",
@@ -146,6 +152,10 @@ def rank_failure(phase: str, error: BaseException) -> RankFailure:
     failed = dead_ranks(dist.get_rank(), dist.get_world_size())
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
     reason = _SOURCE_PREFIX.sub("", first_line).split(". ")[0]  # gloo's advice follows its first sentence
+    if reason.startswith(_PAIR_CLOSED):
+        timeout = default_group_timeout()
+        waited = "" if timeout is None else f" waiting {round(timeout.total_seconds() * 1000)}ms"
+        reason = f"a collective on the connection to it timed out{waited}"
     return peers_failed(phase, failed, reason)
 
 

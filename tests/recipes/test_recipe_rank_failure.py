@@ -27,10 +27,10 @@ PHASES = (
 
 
 def start_training(
-    tmp_path, strategy: str, ranks: int, *extra: str, batch_size: int = 64
+    tmp_path, strategy: str, ranks: int, *extra: str, batch_size: int = 64, **env: str
 ) -> subprocess.Popen:
     """A recipe job of ``ranks`` CPU ranks that trains for long, writing last.ckpt at each epoch's
-    end, in a session of its own."""
+    end, in a session of its own (``env``: added to its environment)."""
     cmd = [
         *TRAIN,
         "data.scale=0.02",
@@ -48,7 +48,7 @@ def start_training(
     ]
     return subprocess.Popen(
         cmd,
-        env=launcher_env(),
+        env=launcher_env(**env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -137,7 +137,11 @@ def test_a_hung_rank_ends_the_other_after_the_step_timeout_and_is_ended_with_it(
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)  # alive, holding its sockets open, answering nothing
         stopped_at = time.monotonic()
-        _, stderr = proc.communicate(timeout=120)
+        try:
+            _, stderr = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # the stopped rank holds the pipes: say what the run printed
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"the run outlived the stop by 120 s:\n{proc.communicate()[1][-3000:]}")
         took = time.monotonic() - stopped_at
         left = group_members(proc.pid)
     finally:
@@ -157,3 +161,42 @@ def test_a_hung_rank_ends_the_other_after_the_step_timeout_and_is_ended_with_it(
     )
     assert f"{STEP_TIMEOUT_S * 1000}ms" in errors[0], errors[0]  # gloo's sentence names the timeout
     assert not left, "the hung rank outlived the run"
+
+
+# rank 1 stops (SIGSTOP) at its tenth step; rank 0 fails there with an error no handler foresees
+STOP_AND_FAIL_MODEL = """
+import os, signal
+from lightning_mqgnn.models import NodeClassifier
+
+
+class StopAndFail(NodeClassifier):
+    def training_step(self, batch, batch_idx):
+        if self.global_step == 10:
+            if self.global_rank == 1:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            else:
+                raise ZeroDivisionError("an error no handler foresees")
+        return super().training_step(batch, batch_idx)
+"""
+
+
+def test_an_unforeseen_error_on_rank_0_ends_the_ranks_it_started(tmp_path):
+    (tmp_path / "stop_and_fail.py").write_text(STOP_AND_FAIL_MODEL)
+    proc = start_training(
+        tmp_path / "run",
+        "mqgnn",
+        2,
+        "model.module._target_=stop_and_fail.StopAndFail",
+        PYTHONPATH=os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p),
+    )
+    try:
+        _, stderr = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:  # the stopped rank holds the pipes
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the stopped rank outlived the run:\n{proc.communicate()[1][-3000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "ZeroDivisionError: an error no handler foresees" in stderr, stderr[-3000:]  # the traceback stands
+    assert not group_members(proc.pid)

@@ -160,3 +160,55 @@ def test_a_torch_that_cannot_change_a_groups_timeout_keeps_the_groups_own_and_sa
     assert strategy.step_timeout is None
     with pytest.raises(RuntimeError, match=r"cannot change a process group's timeout"):
         process_group.set_timeout(strategy.group_timeout)
+
+
+# rank 1 joins, then answers nothing; rank 0 waits 1 s per collective, in two collectives
+_SILENT_PEER = """
+import sys, time, torch, torch.distributed as dist
+from datetime import timedelta
+from lightning_mqgnn.strategy.process_group import set_timeout
+from lightning_mqgnn.strategy.rank_failure import RankFailure, collective_phase
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=rank, world_size=2)
+dist.barrier()
+if rank == 1:
+    time.sleep(60)
+set_timeout(timedelta(seconds=1))
+for phase in ("gradient-queue reduction", "model synchronisation"):
+    try:
+        with collective_phase(phase):
+            dist.all_reduce(torch.ones(4))
+    except RankFailure as error:
+        print(error, flush=True)
+"""
+
+
+def test_a_collective_after_a_timeout_closed_the_connection_names_the_timeout():
+    # gloo closes a connection whose collective timed out; every later collective on it (or one
+    # in flight beside it) says "Application timeout caused pair closure", not the timeout
+    from helpers.processes import free_port, launcher_env
+
+    port = str(free_port())
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SILENT_PEER, str(rank), port],
+            env=launcher_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (1, 0)
+    ]
+    try:
+        out, err = ranks[1].communicate(timeout=60)
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    assert ranks[1].returncode == 0, err[-3000:]
+    assert out.splitlines() == [
+        "rank 0 of 2: gradient-queue reduction failed: rank 1 died or stopped answering "
+        "(Timed out waiting 1000ms for recv operation to complete)",
+        "rank 0 of 2: model synchronisation failed: rank 1 died or stopped answering "
+        "(a collective on the connection to it timed out waiting 1000ms)",
+    ], err[-3000:]
