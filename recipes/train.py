@@ -331,9 +331,9 @@ def resolve_ckpt_path(ckpt_path: str | None, run_checkpoints: Path) -> str | Non
 
 def checked_resume_checkpoint(cfg: DictConfig, path: str, hparams: dict, steps_per_epoch: int) -> Path:
     """The checkpoint ``path`` (the run's ``ckpt_path``), once it is known to continue this run: of a run
-    started with the same settings (``check_same_run``), a Lightning checkpoint, written by a model
-    of the same hyperparameters, at an epoch's end or where a signal stopped the run (``last.ckpt``;
-    ``best.ckpt`` is written wherever validation ran, and its loaders' position is not the run's)."""
+    started with the same settings (``check_same_run``), a Lightning checkpoint with the optimiser's
+    state, written by a model of the same hyperparameters, at an epoch's end or where a signal
+    stopped the run (``last.ckpt``; ``best.ckpt`` holds the weights only)."""
     file = Path(path)
     if not file.is_file():
         raise RecipeError(
@@ -360,6 +360,11 @@ def checked_resume_checkpoint(cfg: DictConfig, path: str, hparams: dict, steps_p
     if differ:
         raise RecipeError(
             f"ckpt_path={path} was written by a different model: {', '.join(differ)}; resume with the run's own overrides"
+        )
+    if "optimizer_states" not in checkpoint:
+        raise RecipeError(
+            f"ckpt_path={path} holds a model's weights only (best.ckpt: the best validation's); "
+            "resume from checkpoints/last.ckpt, which is written at epoch ends and where a signal stops the run"
         )
     step = int(checkpoint["global_step"])
     stopped_by = checkpoint.get("callbacks", {}).get(LastCheckpoint.__qualname__, {}).get("stopped_by", 0)
@@ -479,7 +484,12 @@ def recipe_callbacks(
         BatchTimer(),
         GPUBusyMonitor(),
         ModelCheckpoint(
-            dirpath=checkpoint_dir, monitor="val/metric", mode="max", save_top_k=1, filename="best"
+            dirpath=checkpoint_dir,
+            monitor="val/metric",
+            mode="max",
+            save_top_k=1,
+            filename="best",
+            save_weights_only=True,  # what the test at the best validation reads: a third of the bytes under Adam
         ),
         PeakMemoryMonitor(),
         BatchEarlyStopping(**cfg.early_stopping),

@@ -336,7 +336,8 @@ def test_a_run_under_the_default_cap_ends_at_an_epochs_end_and_resumes(resumed_r
 @pytest.mark.parametrize(
     "case, fragments",
     [
-        ("mid_epoch", ["best.ckpt", "inside an epoch", "step 15"]),
+        ("best", ["best.ckpt", "weights only", "resume from checkpoints/last.ckpt"]),
+        ("mid_epoch", ["mid_epoch.ckpt", "inside an epoch", "step 15"]),
         ("missing", ["nope.ckpt", "no such file"]),
         ("not_a_checkpoint", ["config.yaml", "not a readable checkpoint"]),
         ("other_model", ["different model", "hidden=128 (this run: 64)"]),
@@ -365,8 +366,14 @@ def test_a_checkpoint_that_does_not_continue_this_run_is_one_error_line(
     last = root / "through" / "checkpoints" / "last.ckpt"
     moved = tmp_path / "moved.ckpt"
     shutil.copy(last, moved)
+    if case == "mid_epoch":  # a full checkpoint another callback wrote inside an epoch
+        import torch
+
+        checkpoint = torch.load(last, weights_only=True)
+        torch.save({**checkpoint, "global_step": 15}, tmp_path / "mid_epoch.ckpt")
     overrides = {
-        "mid_epoch": [f"ckpt_path={root / 'through' / 'checkpoints' / 'best.ckpt'}"],
+        "best": [f"ckpt_path={root / 'through' / 'checkpoints' / 'best.ckpt'}"],
+        "mid_epoch": [f"ckpt_path={tmp_path / 'mid_epoch.ckpt'}"],
         "missing": [f"ckpt_path={root / 'through' / 'checkpoints' / 'nope.ckpt'}"],
         "not_a_checkpoint": [f"ckpt_path={root / 'through' / '.hydra' / 'config.yaml'}"],
         # moved out of its run folder, where no saved config says how it was started: the
