@@ -206,9 +206,14 @@ def test_a_collective_after_a_timeout_closed_the_connection_names_the_timeout():
             rank.kill()
             rank.wait()
     assert ranks[1].returncode == 0, err[-3000:]
-    assert out.splitlines() == [
+    lines = out.splitlines()
+    assert len(lines) == 2, err[-3000:]
+    # gloo's own sentence for the collective that timed out (which operation waited may vary)
+    assert lines[0].startswith(
         "rank 0 of 2: gradient-queue reduction failed: rank 1 died or stopped answering "
-        "(Timed out waiting 1000ms for recv operation to complete)",
+        "(Timed out waiting 1000ms for "
+    ), lines[0]
+    assert lines[1] == (
         "rank 0 of 2: model synchronisation failed: rank 1 died or stopped answering "
-        "(a collective on the connection to it timed out waiting 1000ms)",
-    ], err[-3000:]
+        "(a collective on the connection to it timed out waiting 1000ms)"
+    ), lines[1]
