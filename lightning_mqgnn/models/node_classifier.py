@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
+from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models.cuda_graphs import CUDAGraphSteps
 from lightning_mqgnn.models.dropout import ReLUDropout
 from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference
@@ -166,10 +167,22 @@ class NodeClassifierBase(pl.LightningModule):
         step = trainer.global_step
         return every > 0 and (step == 0 or (step + 1) % every == 0)
 
+    def _inference_of(self, dataset: GraphDataset) -> FullGraphInference:
+        if self._inference is None or self._inference.dataset is not dataset:
+            self._inference = FullGraphInference(dataset, self.aggregation)
+        return self._inference
+
     def _full_graph_logits(self, batch: FullGraphBatch) -> Tensor:
-        if self._inference is None or self._inference.dataset is not batch.dataset:
-            self._inference = FullGraphInference(batch.dataset, self.aggregation)
-        return self._inference.run(self.layers, torch.relu_, batch.nodes, self.device)
+        return self._inference_of(batch.dataset).run(self.layers, torch.relu_, batch.nodes, self.device)
+
+    @override
+    def setup(self, stage: str) -> None:
+        """Exact inference's one-time work on the data of a DataModule with a ``dataset`` (as
+        ``MQGNNDataModule``), done with the data's set-up rather than inside the first validation
+        (``FullGraphInference.prepare``)."""
+        dataset = getattr(self.trainer.datamodule, "dataset", None)
+        if stage != "predict" and isinstance(dataset, GraphDataset):
+            self._inference_of(dataset).prepare(self.layers[0], self.trainer.strategy.root_device)
 
     def _score(self, batch: FullGraphBatch, metric, name: str) -> None:
         logits = self._full_graph_logits(batch)

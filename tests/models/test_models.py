@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -340,6 +341,46 @@ def test_exact_inference_on_sparse_features_takes_their_non_zeros_and_equals_the
     with torch.no_grad():
         sampled = model(batch.blocks, batch.features)
     assert torch.allclose(logits, sampled, atol=1e-5)
+
+
+def test_unbiased_linear_of_a_csr_matrix_equals_the_dense_product_with_its_empty_rows_zero():
+    from lightning_mqgnn.models.layers import unbiased_linear
+
+    x = bag_of_words_dataset(n=50, f=40, density=0.05).features
+    x[[0, 7, 49]] = 0.0  # rows with no non-zero: their bags are empty
+    x[3, 5] = 2.5  # values other than 1 weigh their row
+    weight = torch.randn(12, 40)
+    sparse = unbiased_linear(x.to_sparse_csr(), weight)
+    assert torch.allclose(sparse, torch.nn.functional.linear(x, weight), atol=1e-5)
+    assert torch.equal(sparse[[0, 7, 49]], torch.zeros(3, 12))
+    assert torch.equal(unbiased_linear(x, weight), torch.nn.functional.linear(x, weight))
+
+
+def test_a_fit_makes_the_sparse_features_with_the_data_before_the_first_validation():
+    """``NodeClassifier.setup``: the CSR copy of bag-of-words features exact inference multiplies
+    exists when training starts (not built inside the first validation's time), and the
+    validation uses that copy."""
+    from helpers.pipeline import make_trainer
+
+    from lightning_mqgnn.data import MQGNNDataModule
+
+    ds = bag_of_words_dataset()
+    seen = {}
+
+    class AtTrainingStart(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            inference = pl_module._inference
+            seen["csr"] = None if inference is None else inference.__dict__.get("_sparse_features")
+
+    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [3, 3], "mean"), batch_size=64)
+    model = NodeClassifier(ds.num_features, ds.num_classes, hidden=16)
+    trainer = make_trainer(
+        [AtTrainingStart()], max_steps=2, limit_val_batches=1.0, val_check_interval=1, num_sanity_val_steps=0
+    )
+    trainer.fit(model, dm)
+    assert seen["csr"] is not None and seen["csr"].layout == torch.sparse_csr
+    assert model._inference._sparse_features is seen["csr"]
+    assert "val/metric" in trainer.callback_metrics
 
 
 def test_sparse_rows_only_of_sparse_float32_features_in_memory(monkeypatch):
