@@ -93,3 +93,25 @@ def test_main_writes_the_json_through_bench(tmp_path):
         256,
     )
     assert "bf16" not in result
+
+
+@pytest.mark.pyg_sparse
+@pytest.mark.parametrize("model", ["sage", "gcn"])
+def test_full_graph_inference_on_the_sparse_adjacency_equals_it_on_the_edge_list(recipe, graph, model):
+    """The validation's layers on ``transposed_adjacency`` give the logits they give on
+    ``edge_index`` (a message per edge, the memory of every edge's source row)."""
+    from lightning_mqgnn.graph.pyg import to_pyg_data
+
+    data = to_pyg_data(graph)
+    adjacency = recipe.transposed_adjacency(data)
+    assert adjacency.layout == torch.sparse_csr and adjacency.shape == (graph.num_nodes, graph.num_nodes)
+    assert adjacency._nnz() == data.edge_index.shape[1]
+    torch.manual_seed(0)
+    net = recipe.PyGNet(model, graph.num_features, 16, graph.num_classes, 2, dropout=0.5).eval()
+    with torch.no_grad():
+        on_edges = net(data.x, data.edge_index)
+    splits = (graph.val_idx, graph.test_idx)
+    scores = recipe.evaluate(net, data.x, adjacency, graph, splits)
+    assert scores == pytest.approx(recipe.split_scores(on_edges, graph, splits), abs=0.01)
+    with torch.no_grad():
+        assert torch.allclose(net(data.x, adjacency), on_edges, atol=1e-5)
