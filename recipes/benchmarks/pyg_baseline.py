@@ -3,11 +3,12 @@
 The same run as ``dgl_baseline`` with PyTorch Geometric's loader and layers: GraphSAGE-mean or GCN
 (``GCNConv`` adds the self loops and normalises on each sampled subgraph), hidden 256, ReLU and
 dropout, Adam, cross-entropy on the seed nodes of each batch; after every epoch exact full-graph
-inference scores val and test, its layers on the sparse adjacency (``transposed_adjacency``). As in PyG's examples, every layer runs on the whole sampled
-subgraph (no per-hop trimming). The layers keep PyG's initialisation, whose weights are about a
-third of DGL's (Xavier with the ReLU gain), so at lr 1e-3 the first epochs learn slower than in
-``dgl_baseline``. ``NeighborLoader`` samples with pyg-lib or torch-sparse; neither is
-part of the `pyg` extra, so this needs the PyG environment (``bash .ci/pyg_env.sh``).
+inference scores val and test, its layers on the sparse adjacency (``transposed_adjacency``). As
+in PyG's examples, every layer runs on the whole sampled subgraph (no per-hop trimming). The
+layers keep PyG's initialisation, whose weights are about a third of DGL's (Xavier with the ReLU
+gain), so at lr 1e-3 the first epochs learn slower than in ``dgl_baseline``. ``NeighborLoader``
+samples with pyg-lib or torch-sparse; neither is part of the `pyg` extra, so this needs the PyG
+environment (``bash .ci/pyg_env.sh``).
 
     .venv-pyg/bin/python recipes/bench.py pyg_baseline --data cora --model sage --epochs 20
 
