@@ -4,6 +4,7 @@ interpreter is whole."""
 from __future__ import annotations
 
 import atexit
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -17,7 +18,9 @@ except ImportError:
 
 # torch's public torch.distributed.set_timeout where it exists, else its private _set_pg_timeout
 _timeout_setter = getattr(dist, "set_timeout", None) or _set_pg_timeout
-_default_group_timeout: timedelta | None = None  # what set_timeout last gave the default group
+# what set_timeout last gave each group, for as long as that group lives: a default group made
+# anew (another init_process_group) has no timeout here until set_timeout gives it one
+_timeouts: weakref.WeakKeyDictionary[Any, timedelta] = weakref.WeakKeyDictionary()
 
 
 def can_set_timeout() -> bool:
@@ -31,14 +34,15 @@ def set_timeout(timeout: timedelta, group: Any = None) -> None:
     if _timeout_setter is None:
         raise RuntimeError(f"torch {torch.__version__} cannot change a process group's timeout")
     _timeout_setter(timeout, group)
-    if group is None:
-        global _default_group_timeout
-        _default_group_timeout = timeout
+    _timeouts[dist.group.WORLD if group is None else group] = timeout
 
 
 def default_group_timeout() -> timedelta | None:
-    """The timeout ``set_timeout`` last gave the default group (None: it never did)."""
-    return _default_group_timeout
+    """The timeout ``set_timeout`` last gave the current default group (None: it never gave this
+    group one, or no group is initialised). torch has no public getter for a group's timeout."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return _timeouts.get(dist.group.WORLD)
 
 
 def _destroy_process_group() -> None:

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import psutil
 import pytest
@@ -160,6 +161,31 @@ def test_a_torch_that_cannot_change_a_groups_timeout_keeps_the_groups_own_and_sa
     assert strategy.step_timeout is None
     with pytest.raises(RuntimeError, match=r"cannot change a process group's timeout"):
         process_group.set_timeout(strategy.group_timeout)
+
+
+def test_the_default_groups_timeout_is_the_one_set_on_that_group_not_on_one_before_it(tmp_path):
+    """A default group made anew has no recorded timeout until ``set_timeout`` gives it one: a
+    rank-failure line never names the timeout of a group destroyed before."""
+    from lightning_mqgnn.strategy import process_group
+
+    def init(name: str) -> None:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / name}", rank=0, world_size=1)
+
+    assert process_group.default_group_timeout() is None  # no group
+    init("first")
+    try:
+        process_group.set_timeout(timedelta(seconds=2))
+        assert process_group.default_group_timeout() == timedelta(seconds=2)
+    finally:
+        dist.destroy_process_group()
+    assert process_group.default_group_timeout() is None
+    init("second")
+    try:
+        assert process_group.default_group_timeout() is None  # the first group's 2 s is not this one's
+        process_group.set_timeout(timedelta(seconds=3))
+        assert process_group.default_group_timeout() == timedelta(seconds=3)
+    finally:
+        dist.destroy_process_group()
 
 
 # rank 1 joins, then answers nothing; rank 0 waits 1 s per collective, in two collectives
