@@ -170,6 +170,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "--bf16", action="store_true", help="forward under CPU autocast to bfloat16 (as precision=bf16-mixed)"
     )
     args = parser.parse_args(argv)
+    try:
+        import_dgl()
+    except ImportError as err:  # before the dataset loads: one line naming the cause, no traceback
+        raise SystemExit(f"error: {err}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
     dataset = load_dataset(args.data, args.scale, args.seed)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
-from helpers.graphs import SHARED_DATA
 from helpers.paths import CONF
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -78,12 +79,14 @@ def test_every_registered_dataset_has_a_config_and_no_config_points_outside_the_
         assert "shared" not in text and "paths." not in text, path
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"shared datasets not found at {SHARED_DATA}")
-def test_npz_config_instantiates_from_the_mirror(monkeypatch, tmp_path):
-    monkeypatch.setenv("MQGNN_DATA_MIRROR", str(SHARED_DATA))
+def test_npz_config_instantiates_from_the_mirror(monkeypatch, tmp_path, served_data_root):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    shutil.copy(served_data_root / "cora.npz", mirror)  # cora, converted from its committed files
+    monkeypatch.setenv("MQGNN_DATA_MIRROR", str(mirror))
     monkeypatch.setenv("MQGNN_DATA_ROOT", str(tmp_path / "empty"))
-    ds = instantiate(_data_cfg("citeseer"))
-    assert ds.name == "citeseer" and ds.num_features == 1024
+    ds = instantiate(_data_cfg("cora"))
+    assert (ds.name, ds.num_nodes, ds.num_features) == ("cora", 2708, 1433)
     assert not (tmp_path / "empty").exists()  # read from the mirror, nothing cached
 
 

@@ -1,6 +1,7 @@
 """The dataset registry against a local HTTP server holding files at the registry's own paths: the
 real Planetoid files of cora (tests/fixtures/planetoid), and small files in the other published
-formats. Download, checksum, conversion, cache, mirror, and every way a download can fail."""
+formats. Download, checksum, conversion, cache, mirror, and every way a download can fail; with
+-m mirror, that the conversion is the mirror's cora."""
 
 from __future__ import annotations
 
@@ -18,12 +19,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
-from helpers.paths import REPO, SHARED_DATA
+from helpers.paths import MIRROR, PLANETOID_FILES
 
 from lightning_mqgnn.graph import registry
 from lightning_mqgnn.graph.registry import DATASETS, load_dataset
-
-PLANETOID_FILES = REPO / "tests" / "fixtures" / "planetoid"
 
 
 @pytest.fixture(autouse=True)
@@ -33,12 +32,6 @@ def data_root(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv(registry.DATA_ROOT_ENV, str(root))
     monkeypatch.delenv(registry.MIRROR_ENV, raising=False)
     return root
-
-
-@pytest.fixture
-def shared_data_or_none() -> Path | None:
-    """The offline copy of the converted datasets, where this machine has it."""
-    return SHARED_DATA if (SHARED_DATA / "cora.npz").is_file() else None
 
 
 def _serve_entry(httpserver, monkeypatch, name: str, contents: dict[str, bytes], **changes) -> None:
@@ -56,9 +49,7 @@ def _cora_files() -> dict[str, bytes]:
     return {f: (PLANETOID_FILES / f).read_bytes() for f in DATASETS["cora"].files}
 
 
-def test_cora_is_downloaded_checked_converted_and_cached(
-    httpserver, monkeypatch, data_root, shared_data_or_none
-):
+def test_cora_is_downloaded_checked_converted_and_cached(httpserver, monkeypatch, data_root):
     _serve_entry(httpserver, monkeypatch, "cora", _cora_files())
     ds = load_dataset("cora")
     assert len(httpserver.log) == 8  # the eight published files, against their real sha256
@@ -69,14 +60,17 @@ def test_cora_is_downloaded_checked_converted_and_cached(
     assert cached.is_file() and sorted(p.name for p in (data_root / "raw" / "cora").iterdir()) == sorted(
         DATASETS["cora"].files
     )
-    if shared_data_or_none is not None:  # the conversion reproduces the offline copy bit for bit
-        with np.load(cached) as ours, np.load(shared_data_or_none / "cora.npz") as theirs:
-            assert sorted(ours.files) == sorted(theirs.files)
-            for key in ours.files:
-                assert ours[key].dtype == theirs[key].dtype and np.array_equal(ours[key], theirs[key]), key
     again = load_dataset("cora")
     assert len(httpserver.log) == 8  # a cache hit: nothing downloaded
     assert torch.equal(again.features, ds.features) and torch.equal(again.labels, ds.labels)
+
+
+@pytest.mark.mirror
+def test_the_conversion_reproduces_the_mirrors_cora_bit_for_bit(served_data_root):
+    with np.load(served_data_root / "cora.npz") as ours, np.load(MIRROR / "cora.npz") as theirs:
+        assert sorted(ours.files) == sorted(theirs.files)
+        for key in ours.files:
+            assert ours[key].dtype == theirs[key].dtype and np.array_equal(ours[key], theirs[key]), key
 
 
 def test_pygs_planetoid_reads_the_same_files_to_the_same_graph(httpserver, monkeypatch, tmp_path):

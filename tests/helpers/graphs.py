@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from helpers.paths import SHARED_DATA  # noqa: F401  (re-exported for the tests that import it from here)
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
 

@@ -1,9 +1,15 @@
-"""The DGL baseline recipe: its timing trim, its dataset reader, and (in the DGL environment) a run."""
+"""The DGL baseline recipe: its timing trim, its error without DGL, its dataset reader, and (in the
+DGL environment) a run."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import numpy as np
 import pytest
 import torch
+from helpers.graphs import valid_npz_arrays
 from helpers.paths import REPO
 
 from lightning_mqgnn.graph.generated import generate_graph
@@ -23,11 +29,35 @@ def test_trimmed_mean_drops_first_and_last_twenty_batches(recipe):
     assert recipe.trimmed_mean([1.0, 3.0]) == 2.0  # too few batches to trim: all of them
 
 
-def test_load_dataset_resolves_shared_names(recipe, shared_data):
+def test_without_dgl_bench_prints_one_line_naming_dgl_before_the_dataset_loads(tmp_path):
+    # dgl hidden, so the check runs the same in the main and the DGL environment; the dataset is
+    # a file that is not there, whose error would end the run if it were read first
+    missing = tmp_path / "missing.npz"
+    code = (
+        "import runpy, sys\n"
+        "sys.modules['dgl'] = None\n"
+        f"sys.argv = ['bench.py', 'dgl_baseline', '--data', {str(missing)!r}, '--epochs', '1']\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO / "recipes", capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: this needs DGL, which failed to import (") and ".ci/dgl_env.sh" in last
+    assert "missing.npz" not in proc.stderr and proc.stdout == ""
+
+
+def test_load_dataset_resolves_registered_names(recipe, served_data, monkeypatch, tmp_path):
     ds = recipe.load_dataset("cora")
     assert (ds.name, ds.num_nodes, ds.num_classes, ds.metric) == ("cora", 2708, 7, "accuracy")
+    mirror = tmp_path / "mirror"  # a citeseer.npz 1,100 columns wide where the registry reads first
+    mirror.mkdir()
+    np.savez(mirror / "citeseer.npz", **valid_npz_arrays(num_nodes=10, num_cols=1100))
+    monkeypatch.setenv("MQGNN_DATA_MIRROR", str(mirror))
     wide = recipe.load_dataset("citeseer")  # through conf/data/citeseer.yaml, as the recipe loads it
-    assert wide.num_features == 1024
+    assert (wide.name, wide.num_nodes, wide.num_features) == ("citeseer", 10, 1024)
     with pytest.raises(ValueError, match=r"unknown dataset 'nope' \(known: amazon_computers, "):
         recipe.load_dataset("nope")
 

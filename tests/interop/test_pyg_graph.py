@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
-from helpers.graphs import SHARED_DATA, write_npz
+from helpers.graphs import write_npz
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -65,23 +65,22 @@ def assert_same_dataset(a: GraphDataset, b: GraphDataset) -> None:
         assert torch.equal(torch.sort(getattr(a, field)).values, torch.sort(getattr(b, field)).values), field
 
 
-def npz_files(tmp_path: Path) -> list[Path]:
-    files = [write_npz(tmp_path / "ring.npz")]
-    if (SHARED_DATA / "cora.npz").is_file():
-        files.append(SHARED_DATA / "cora.npz")
-    return files
+@pytest.fixture
+def npz_files(tmp_path, served_data_root) -> list[Path]:
+    """A small ring and cora (converted from its committed files)."""
+    return [write_npz(tmp_path / "ring.npz"), served_data_root / "cora.npz"]
 
 
 @pytest.mark.parametrize("masks", [True, False])
-def test_data_from_an_npz_file_equals_our_npz_loader(tmp_path, masks):
-    for path in npz_files(tmp_path):
+def test_data_from_an_npz_file_equals_our_npz_loader(npz_files, masks):
+    for path in npz_files:
         ours = load_npz(path, normalize_features=False)
         theirs = from_pyg(data_from_npz(path, masks=masks), name=ours.name)
         assert_same_dataset(theirs, ours)
 
 
-def test_directed_data_stays_directed_unless_asked(tmp_path):
-    for path in npz_files(tmp_path):
+def test_directed_data_stays_directed_unless_asked(npz_files):
+    for path in npz_files:
         data = data_from_npz(path, one_direction=True)
         directed = from_pyg(data)
         assert not directed.graph.is_symmetric()

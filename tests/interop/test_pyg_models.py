@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers.graphs import SHARED_DATA
 from helpers.pipeline import make_trainer, small_dataset, worker_pipeline
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -258,12 +257,11 @@ def test_pyg_stacks_train_the_same_through_both_loaders(ds, stack, aggregation):
     assert acc_sequential > 0.5, acc_sequential  # 4 classes: chance is 0.25
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "cora.npz").is_file(), reason=f"cora not found in {SHARED_DATA}")
-def test_gat_trains_on_cora_through_the_pipeline():
+def test_gat_trains_on_cora_through_the_pipeline(served_data_root):
     """GAT as model=gat_pyg configures it (8 heads of 8, dropout 0.5, lr 1e-2) through the
     pipelined loader, 30 epochs of 5 batches, last weights: test accuracy 0.76-0.80 over seeds
     0-2 here (0.78 for seed 0); 0.72 leaves a margin for other machines' float rounding."""
-    cora = load_npz(SHARED_DATA / "cora.npz")
+    cora = load_npz(served_data_root / "cora.npz")
     torch.manual_seed(0)
     model = PyGNodeClassifier(cora.num_features, cora.num_classes, gat_stack, dropout=0.5, lr=1e-2)
     dm = worker_pipeline(

@@ -1,6 +1,7 @@
-"""The GNS benchmark end to end on cora: recipe runs to a step cap, the validation curve read back
-from each run's metrics log (the clocks the recipe logs at every validation), the table against
-node-wise sampling, and a second invocation that keeps the runs its JSONL already holds."""
+"""The GNS benchmark end to end on cora (converted from its committed files): recipe runs to a step
+cap, the validation curve read back from each run's metrics log (the clocks the recipe logs at every
+validation), the table against node-wise sampling, and a second invocation that keeps the runs its
+JSONL already holds."""
 
 import json
 import subprocess
@@ -11,7 +12,7 @@ from helpers.paths import REPO
 
 
 @pytest.mark.slow  # four recipe processes: ~45 s; the validation clocks have a fast test of their own
-def test_gns_benchmark_reads_curves_and_sets_gns_against_node_wise(tmp_path):
+def test_gns_benchmark_reads_curves_and_sets_gns_against_node_wise(tmp_path, served_data):
     jsonl = tmp_path / "runs.jsonl"
     cmd = [sys.executable, str(REPO / "recipes" / "bench.py"), "gns", "--datasets", "cora"]
     cmd += ["--models", "sage", "--variants", "nodewise,gns", "--seeds", "0", "--jsonl", str(jsonl)]
