@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -105,7 +108,7 @@ def test_load_arrays_reads_every_file_type(tmp_path):
     [
         ("0,1\n1,2\n2,x\n", "edges.csv: line 3 is '2,x'; expected two integer node ids"),
         ("0,1\n1,2,3\n", "edges.csv: line 2 is '1,2,3'"),
-        ("src,dst\n", "edges.csv: no edges found"),
+        ("src,dst\n", "edges.csv: no edges: only the header line 'src,dst'"),
     ],
 )
 def test_malformed_edge_list_names_file_and_line(tmp_path, content, fragment):
@@ -115,6 +118,147 @@ def test_malformed_edge_list_names_file_and_line(tmp_path, content, fragment):
     np.save(tmp_path / "y.npy", labels.numpy())
     with pytest.raises(ValueError) as err:
         load_arrays(tmp_path / "edges.csv", tmp_path / "x.npy", tmp_path / "y.npy")
+    assert fragment in str(err.value)
+
+
+def _write_xy(tmp_path, n: int = 60):
+    _, features, labels = _arrays(n)
+    np.save(tmp_path / "x.npy", features.numpy())
+    np.save(tmp_path / "y.npy", labels.numpy())
+    return tmp_path / "x.npy", tmp_path / "y.npy"
+
+
+def _load_edges_strictly(edges, x, y):
+    """``load_arrays`` with every warning an error: a message must not come with a numpy warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return load_arrays(edges, x, y)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("edges.csv", "", "edges.csv: no edges: the file is empty"),
+        ("edges.txt", "\n\n", "edges.txt: no edges: the file is empty"),
+        ("edges.txt", "# FromNodeId\tToNodeId\n", "edges.txt: no edges: the file is only comments"),
+    ],
+)
+def test_an_edge_file_without_edges_says_so(tmp_path, name, content, fragment):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(ValueError) as err:
+        _load_edges_strictly(tmp_path / name, *_write_xy(tmp_path))
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "name", "content", "fragment"),
+    [
+        (
+            "edges",
+            "e.npy",
+            "0 1\n1 2\n",
+            "e.npy: not a .npy file: it holds text (first line '0 1'); an edge list in text is read from a text file: name it e.txt",
+        ),
+        ("edges", "e.npy", "src,dst\n0,1\n", "name it e.csv"),
+        ("edges", "e.npz", "0 1\n", "e.npz: not a .npz file: it holds text"),
+        ("edges", "e.pt", "0 1\n", "e.pt: not a .pt file: it holds text"),
+        (
+            "features",
+            "x.npy",
+            "0.5,1.5\n",
+            "x.npy: not a .npy file: it holds text (first line '0.5,1.5'); give features as an array written by numpy.save",
+        ),
+        ("labels", "y.npy", "", "y.npy: the file is empty; expected an array written by numpy.save"),
+        ("labels", "y.npy", b"\x00\x01binary", "y.npy: not a .npy file (it lacks the .npy header)"),
+    ],
+)
+def test_a_file_that_is_not_its_binary_format_says_what_it_is(tmp_path, field, name, content, fragment):
+    edge_index, features, labels = _arrays()
+    files = {"edges": tmp_path / "e0.npy", "features": tmp_path / "x0.npy", "labels": tmp_path / "y0.npy"}
+    np.save(files["edges"], edge_index.numpy())
+    np.save(files["features"], features.numpy())
+    np.save(files["labels"], labels.numpy())
+    files[field] = tmp_path / name
+    if isinstance(content, bytes):
+        files[field].write_bytes(content)
+    else:
+        files[field].write_text(content)
+    with pytest.raises(ValueError) as err:
+        load_arrays(**files)
+    assert fragment in str(err.value) and "pickle" not in str(err.value)
+
+
+_SNAP = "# Directed graph (each unordered pair of nodes is saved once)\n# FromNodeId\tToNodeId\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("edges.txt", "{u} {v}\n"),
+        ("edges.csv", "{u} {v}\n"),  # whitespace under a .csv name
+        ("edges.tsv", "{u}\t{v}\n"),
+        ("edges", "{u}\t{v}\n"),
+        ("edges.edges", "{u} {v} {{}}\n"),  # networkx's write_edgelist, data=True
+        ("edges.txt", "{u} {v} {{'weight': 0.5, 'kind': 'a b'}}  # a comment\n"),
+        ("edges.txt", "{u}  {v}  7\n"),  # a weight column
+        ("edges.csv", "{u}, {v}\n"),
+        ("edges.txt", "{u},{v},0.25\n"),  # CSV with a weight under a .txt name
+    ],
+)
+def test_text_edge_lists_are_read_whatever_their_name(tmp_path, name, text):
+    edge_index, features, labels = _arrays()
+    header = "src,dst,w\n" if text.count(",") == 2 else _SNAP
+    lines = header + "".join(text.format(u=u, v=v) for u, v in edge_index.T.tolist())
+    (tmp_path / name).write_text(lines)
+    ds = _load_edges_strictly(tmp_path / name, *_write_xy(tmp_path))
+    ref = GraphDataset.from_arrays(edge_index, features, labels)
+    assert torch.equal(ds.graph.indptr, ref.graph.indptr) and torch.equal(ds.graph.indices, ref.graph.indices)
+
+
+def test_networkx_and_gzipped_snap_edge_lists_are_read(tmp_path):
+    nx = pytest.importorskip("networkx")
+    edge_index, features, labels = _arrays()
+    ref = GraphDataset.from_arrays(edge_index, features, labels)
+    graph = nx.Graph()
+    graph.add_nodes_from(range(60))
+    for k, (u, v) in enumerate(edge_index.T.tolist()):
+        graph.add_edge(u, v, **({"weight": k} if k % 2 else {}))  # some edges without the weight
+    x, y = _write_xy(tmp_path)
+    for data in (True, False, ["weight"]):
+        nx.write_edgelist(graph, tmp_path / "g.edgelist", data=data)
+        ds = _load_edges_strictly(tmp_path / "g.edgelist", x, y)
+        assert torch.equal(ds.graph.indices, ref.graph.indices), data
+    with gzip.open(tmp_path / "snap.txt.gz", "wt") as f:
+        f.write(_SNAP + "".join(f"{u}\t{v}\n" for u, v in edge_index.T.tolist()))
+    ds = _load_edges_strictly(tmp_path / "snap.txt.gz", x, y)
+    assert torch.equal(ds.graph.indices, ref.graph.indices)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("edges.txt", "0 1\n1 x\n", "edges.txt: line 2 is '1 x'; expected two integer node ids"),
+        ("edges.tsv", "# c\n0\t1\n2\n", "edges.tsv: line 3 is '2'; expected two integer node ids"),
+        ("edges.txt", "0 1\n1.0 2.0\n", "edges.txt: line 2 is '1.0 2.0'"),
+        ("edges", "a b\nc d\n", "edges: line 2 is 'c d'"),  # only a first line may be a header
+        ("edges.csv", "src,dst,w\n0,1,2\n1,2\n", "edges.csv: line 3 is '1,2'; expected 3 comma-separated"),
+        ("edges.csv", "0,1\n1,x,2\n", "edges.csv: line 2 is '1,x,2'"),
+        ("edges.txt", b"0 1\n" * 2000 + b"1 2\xe9\n", "edges.txt: line 2001 is not UTF-8 text"),
+        ("edges.txt", b"0 1\n1 2\xe9\n", "edges.txt: neither a .npy, .npz or .pt file nor a text edge list"),
+        (
+            "edges.edges",
+            b"\x00\x01\x02",
+            "edges.edges: neither a .npy, .npz or .pt file nor a text edge list",
+        ),
+    ],
+)
+def test_bad_lines_of_a_text_edge_list_name_file_and_line(tmp_path, name, content, fragment):
+    if isinstance(content, bytes):
+        (tmp_path / name).write_bytes(content)
+    else:
+        (tmp_path / name).write_text(content)
+    with pytest.raises(ValueError) as err:
+        _load_edges_strictly(tmp_path / name, *_write_xy(tmp_path))
     assert fragment in str(err.value)
 
 
