@@ -10,6 +10,11 @@ carries its transpose), with no per-matrix setup, on CPU and CUDA alike. Only
 
 from __future__ import annotations
 
+import functools
+import sys
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
 import torch
 from torch import Tensor
 from torch.nn import functional as F
@@ -17,6 +22,8 @@ from torch.nn import functional as F
 from lightning_mqgnn.sampling.radix_sort import stable_argsort
 
 Transpose = tuple[Tensor, Tensor, Tensor]  # CSC of A: (src_indptr, src_rows, src_weights)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def weighted_row_sum(
@@ -56,7 +63,29 @@ def row_sum(indices: Tensor, h: Tensor, indptr: Tensor, weights: Tensor) -> Tens
     )
 
 
-@torch.compiler.disable  # the CPU path is a numba loop, which torch.compile cannot trace
+def _eager_when_compiled(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` run eagerly by torch.compile, as ``torch.compiler.disable`` runs it, with the disabled
+    function made only once ``torch._dynamo`` is loaded (by a compilation, or by Lightning):
+    made at import, it would load ``torch._dynamo`` and sympy, over a second, into processes that
+    never compile (a device sampler's). Made by a first call under compilation, it costs that
+    compilation one more graph break. A torch without ``torch.compiler.is_compiling`` (before
+    2.3) gets the disabled function at once."""
+    if not hasattr(torch.compiler, "is_compiling"):
+        return torch.compiler.disable(fn)
+    disabled: list[Callable[P, R]] = []
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not disabled and (torch.compiler.is_compiling() or "torch._dynamo" in sys.modules):
+            disabled.append(torch.compiler.disable(fn))
+        if torch.compiler.is_compiling():
+            return disabled[0](*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_eager_when_compiled  # the CPU path is a numba loop, which torch.compile cannot trace
 def transpose_of(indptr: Tensor, indices: Tensor, weights: Tensor, num_src: int) -> Transpose:
     """The CSC of ``A``: the edges ordered by source (one stable sort: each source's edges keep
     their row order), each with its destination row and weight, and where each source's edges

@@ -171,3 +171,53 @@ sorted_ = transpose_of(indptr, indices, weights.double(), 3)  # float64: the tor
 assert all(torch.equal(a, b.to(a.dtype)) for a, b in zip(kernel, sorted_)), (kernel, sorted_)
 """
     assert f"{PACKAGE}.sampling.cpu_kernels" in loaded_after(code)
+
+
+def first_importer(module: str, code: str) -> str:
+    """The file, outside torch, whose import first loaded ``module`` while ``code`` ran in a fresh
+    interpreter ('' when nothing loaded it)."""
+    script = f"""
+import importlib.abc, sys, traceback
+from pathlib import Path
+import torch
+TORCH = Path(torch.__file__).parent
+found = []
+class Spy(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r} and not found:
+            files = [f.filename for f in traceback.extract_stack()[:-1]]
+            found.append([f for f in files if not f.startswith("<") and TORCH not in Path(f).parents][-1])
+sys.meta_path.insert(0, Spy())
+{code}
+print(found[0] if found else "")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip()
+
+
+def test_torch_dynamo_is_loaded_by_lightning_not_by_the_package():
+    """``torch._dynamo`` brings sympy, over a second of import: the package leaves loading it to a
+    compilation (Lightning's own import loads it too, which the package cannot spare)."""
+    for code in ("import lightning_mqgnn.strategy", "import lightning_mqgnn"):
+        importer = first_importer("torch._dynamo", code)
+        assert ROOT not in Path(importer).parents, (code, importer)
+
+
+def test_a_device_sampler_process_loads_no_torch_dynamo():
+    """A device sampler process imports neither Lightning nor ``torch._dynamo`` (nor sympy), also
+    after building a block's transpose, whose function torch.compile runs eagerly."""
+    code = """
+import multiprocessing, sys
+multiprocessing.current_process().name = "mqgnn-device-sampler"
+import torch
+import lightning_mqgnn.pipeline.sampler_process
+from lightning_mqgnn import SAMPLER_PROCESS_NAME
+from lightning_mqgnn.sampling.aggregate import transpose_of
+assert multiprocessing.current_process().name == SAMPLER_PROCESS_NAME
+transpose_of(torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1]), torch.ones(3), 2)
+print(sorted(m for m in ("torch._dynamo", "sympy", "lightning") if m in sys.modules))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"

@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from lightning_mqgnn.models.layers import GCNLayer, SAGELayer, transform_first
-from lightning_mqgnn.sampling.aggregate import weighted_row_sum, weighted_row_sum_with_self
+from lightning_mqgnn.sampling.aggregate import (
+    _eager_when_compiled,
+    transpose_of,
+    weighted_row_sum,
+    weighted_row_sum_with_self,
+)
 from lightning_mqgnn.sampling.batch import Block
 
 
@@ -172,3 +177,31 @@ def test_a_full_block_of_consecutive_nodes_is_the_dense_operator_of_those_rows(a
         assert block.num_dst == hi - lo and block.dst_in_src == (lo == 0)
         assert torch.allclose(dense(block), dense(everything)[lo:hi])
         assert torch.allclose(dense(block), dense(shuffled).flip(0))
+
+
+@pytest.mark.parametrize("eager_first", [False, True])
+def test_torch_compile_runs_a_function_marked_eager_eagerly(eager_first):
+    """Dynamo does not trace a ``_eager_when_compiled`` function (traced, it would record
+    ``is_compiling()`` as True), whether its first call is compiled or eager."""
+    seen = []
+
+    @_eager_when_compiled
+    def probe(x):
+        seen.append(torch.compiler.is_compiling())
+        return x * 2
+
+    if eager_first:
+        probe(torch.ones(3))
+    torch.compiler.reset()
+    compiled = torch.compile(lambda x: probe(x + 1) - 1, backend="eager")
+    for _ in range(2):
+        assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 3.0))
+    assert seen == [False] * (2 + eager_first)
+
+
+def test_a_compiled_transpose_is_the_eager_one():
+    block = random_block(40, 300, 6, seed=1)
+    args = (block.indptr, block.indices, block.weights, block.num_src)
+    torch.compiler.reset()
+    compiled = torch.compile(lambda *a: transpose_of(*a), backend="eager")
+    assert all(torch.equal(a, b) for a, b in zip(compiled(*args), transpose_of(*args)))
