@@ -7,11 +7,15 @@ A sampled run bounded by epochs (the default cap, ``step_cap``, or ``trainer.max
 SIGTERM or SIGUSR1 stops it, at the end of the step the signal arrived in (one ``stopped by``
 line, exit code 128 + signal); ``ckpt_path=<that file>`` or ``ckpt_path=auto`` resumes it, with
 the run's own overrides.
+Every run writes its RESULT fields to ``result.json`` in its folder; ``seeds=0,1,2`` (or
+``seeds=range(10)``) trains once per seed, each in ``<run>/seed_<s>/``, prints a SUMMARY line (mean
+± sample std of each numeric field) and writes ``summary.csv`` and ``summary.json`` in ``<run>``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import inspect
 import logging
@@ -32,8 +36,23 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from seed_runs import (
+    RESULT_FILE,
+    RunResult,
+    Value,
+    configuration,
+    read_result,
+    result_fields,
+    seed_folder,
+    seed_list,
+    seeds_as_list,
+    summarize,
+    summary_line,
+    write_result,
+    write_summaries,
+)
 from typing_extensions import override
 
 from lightning_mqgnn.callbacks import (
@@ -156,7 +175,8 @@ def logging_interval(cfg: DictConfig, batches_per_epoch: int) -> int:
     return int(configured) if configured is not None else min(50, batches_per_epoch)
 
 
-def train(cfg: DictConfig) -> dict[str, float]:
+def train(cfg: DictConfig) -> dict[str, Value]:
+    """Fit, validate and test one run; its RESULT fields, the recipe's own figures at full precision."""
     quiet_lightning()
     pl.seed_everything(cfg.seed, workers=True)
     # everything the configuration alone decides is built and checked before the dataset loads,
@@ -248,17 +268,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if gpu_busy.busy_fraction is not None:
         result["gpu_busy"] = gpu_busy.busy_fraction
         busy = f" gpu_busy={gpu_busy.busy_fraction:.3f}"
+    line = (
+        f"RESULT model={cfg.model.name} data={dataset.name} val={result['val']:.4f} "
+        f"test={result.get('test', float('nan')):.4f} epochs={trainer.current_epoch} "
+        f"batches={result['batches']} batch_time_ms={result['batch_time_ms']:.2f} "
+        f"batch_time_std_ms={result['batch_time_std_ms']:.2f} train_time_s={result['train_time_s']:.2f}{busy}"
+        f"{stages.result_fields()}{strategy_result_fields(strategy)}{memory.result_fields()}"
+        f"{loader_result_fields(datamodule)}"
+    )
     if trainer.global_rank == 0:
-        print(
-            f"RESULT model={cfg.model.name} data={dataset.name} val={result['val']:.4f} "
-            f"test={result.get('test', float('nan')):.4f} epochs={trainer.current_epoch} "
-            f"batches={result['batches']} batch_time_ms={result['batch_time_ms']:.2f} "
-            f"batch_time_std_ms={result['batch_time_std_ms']:.2f} train_time_s={result['train_time_s']:.2f}{busy}"
-            f"{stages.result_fields()}{strategy_result_fields(strategy)}{memory.result_fields()}"
-            f"{loader_result_fields(datamodule)}",
-            flush=True,
-        )
-    return result
+        print(line, flush=True)
+    return {**result_fields(line), **result}
 
 
 def check_module_arguments(model: str, make_module) -> None:
@@ -547,7 +567,7 @@ def datamodule_batches(datamodule, world_size: int) -> int:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
-        train(cfg)
+        run(cfg)
     except (RecipeError, ValueError, FileNotFoundError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -570,6 +590,79 @@ def main(cfg: DictConfig) -> None:
     except BaseException:  # unforeseen: the traceback stands, and no rank this one started outlives it
         end_launched_ranks()
         raise
+
+
+def run(cfg: DictConfig) -> None:
+    """``train`` once, or with ``seeds=`` once per seed, each in a folder of its own
+    (``<run>/seed_<s>/``, where its checkpoints, logs and ``ckpt_path=auto`` look), then their
+    summary. Rank 0 writes each run's ``result.json`` and the summary; ``ckpt_path=auto`` goes on
+    with a ``seeds=`` run that stopped, not running again a seed that has its ``result.json``."""
+    task = list(HydraConfig.get().overrides.task)
+    config = configuration(task)
+    seeds = checked_seeds(cfg, task)
+    root = Path(cfg.trainer.get("default_root_dir") or ".")
+    if seeds is None:
+        record(cfg, root, config)
+        return
+    runs = []
+    for seed in seeds:
+        folder = root / seed_folder(seed)
+        if cfg.ckpt_path == "auto" and (folder / RESULT_FILE).is_file():
+            runs.append(finished_run(folder / RESULT_FILE, config))
+            continue
+        seed_cfg = copy.deepcopy(cfg)
+        seed_cfg.seed = seed
+        seed_cfg.trainer.default_root_dir = str(folder)
+        runs.append(record(seed_cfg, folder, config))
+    if rank_zero_only.rank == 0:
+        summary = summarize(runs)
+        csv_file, json_file = write_summaries([summary], root)
+        print(summary_line(summary), flush=True)
+        rank_zero_info(f"seeds: {len(runs)} runs summarised in {csv_file} and {json_file}")
+
+
+def checked_seeds(cfg: DictConfig, task: list[str]) -> list[int] | None:
+    """``seeds=`` as a list, None where it is not given; it sets every run's seed and folder, so
+    a ``seed=`` beside it, or a ``ckpt_path`` other than ``auto``, is an error."""
+    given = cfg.get("seeds")
+    seeds = seed_list(OmegaConf.to_container(given) if isinstance(given, ListConfig) else given)
+    if seeds is None:
+        return None
+    if any(o.split("=", 1)[0].lstrip("+~") == "seed" for o in task):
+        raise RecipeError(
+            f"seed={cfg.seed} and seeds={','.join(map(str, seeds))}: seeds= sets each run's seed, give one of them"
+        )
+    if cfg.ckpt_path not in (None, "auto"):
+        raise RecipeError(
+            f"ckpt_path={cfg.ckpt_path}: one checkpoint resumes one run, not the runs of seeds=; "
+            "ckpt_path=auto in the seeds= run's folder (hydra.run.dir=<run>) resumes each seed's"
+        )
+    return seeds
+
+
+def record(cfg: DictConfig, folder: Path, config: tuple[str, ...]) -> RunResult:
+    """``train``, its RESULT fields written to ``<folder>/result.json`` on rank 0."""
+    run = RunResult(int(cfg.seed), config, train(cfg), folder)
+    # train() froze its heap for one fit: a next one in this process (the next seed, a -m sweep's
+    # next job) starts without this one's dataset, model and trainer
+    gc.unfreeze()
+    gc.collect()
+    if rank_zero_only.rank == 0:
+        write_result(run)
+    return run
+
+
+def finished_run(path: Path, config: tuple[str, ...]) -> RunResult:
+    """A seed's run that ended before this ``ckpt_path=auto`` start, read back from its
+    ``result.json``: of the same overrides, or the summary would mix two configurations."""
+    run = read_result(path)
+    if run.config != config:
+        raise RecipeError(
+            f"{path} is of a run with other overrides ({' '.join(run.config) or 'none'}; this run: "
+            f"{' '.join(config) or 'none'}): resume with the run's own overrides"
+        )
+    rank_zero_info(f"ckpt_path=auto: seed {run.seed} ended before ({path}), not run again")
+    return run
 
 
 def end_launched_ranks(grace_s: float = 0.5) -> None:
@@ -622,5 +715,6 @@ def exit_on_unknown_config_names(argv: list[str], config_name: str = "config") -
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = seeds_as_list(sys.argv[1:])
     exit_on_unknown_config_names(sys.argv[1:])
     main()

@@ -67,8 +67,9 @@ def test_a_warning_of_the_users_code_still_shows(first_and_resumed):
         assert shown.search(proc.stderr), proc.stderr[-3000:]
 
 
-def test_the_recipes_filters_match_lightnings_lines_only():
+def test_the_recipes_filters_match_lightnings_lines_only(monkeypatch):
     """The same message from another module, or another message from Lightning's, still shows."""
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))  # the recipe's own modules, as a script has them
     spec = spec_from_file_location("recipe_train", REPO / "recipes" / "train.py")
     recipe = module_from_spec(spec)
     spec.loader.exec_module(recipe)
