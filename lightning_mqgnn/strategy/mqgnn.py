@@ -7,6 +7,7 @@ import inspect
 import math
 import sys
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -38,7 +39,7 @@ from lightning_mqgnn.strategy.comm_hook import (
     payload_meter,
     with_process_group,
 )
-from lightning_mqgnn.strategy.epoch_meeting import meet
+from lightning_mqgnn.strategy.epoch_meeting import Meeting, agree_on_fit, meet
 from lightning_mqgnn.strategy.gradient_queue import GradientQueue, UnusedParametersError
 from lightning_mqgnn.strategy.model_sync import (
     average_across_ranks,
@@ -221,6 +222,10 @@ class MQGNNStrategy(DDPStrategy):
         self._ddp_hook_bytes: int | None = 0
         self._hooked: HookedBuckets | None = None
         self._hook_group: Any = None
+        # the default group the hook group was made in: a fit in a new default group needs its own
+        self._hook_world: weakref.ref | None = None
+        # a hook state without a process group takes the hook group, of each fit anew
+        self._hook_state_takes_group = getattr(hook_state, "process_group", False) is None
         if step_timeout is not None and not can_set_timeout():
             rank_zero_warn(
                 f"MQGNNStrategy: step_timeout={step_timeout} needs torch >= 2.3, which can change a "
@@ -231,6 +236,7 @@ class MQGNNStrategy(DDPStrategy):
         self.step_timeout = None if step_timeout is None else timedelta(seconds=float(step_timeout))
         self.group_timeout: timedelta = kwargs.get("timeout") or default_pg_timeout
         self._epoch_met: int | None = None  # the epoch whose first batch the ranks last met at
+        self._fit_id: str | None = None  # the fit's identifier every rank agreed on (its meetings')
         self.staleness = staleness
         self.max_staleness = max_staleness
         self.sync_scale = float(sync_scale)
@@ -295,8 +301,11 @@ class MQGNNStrategy(DDPStrategy):
         destroy_process_group_at_exit()
         if self.world_size > 1:  # to name a failed rank on this host, and to watch it at a meeting
             remember_peers()
-        if self.staleness > 0 and self.comm_hook is not None and self._hook_group is None:
+        world = dist.group.WORLD
+        made_in = None if self._hook_world is None else self._hook_world()
+        if self.staleness > 0 and self.comm_hook is not None and made_in is not world:
             self._hook_group = new_hook_group(dist.get_backend())
+            self._hook_world = weakref.ref(world)
 
     @override
     def setup(self, trainer: Trainer) -> None:
@@ -364,6 +373,7 @@ class MQGNNStrategy(DDPStrategy):
         state["_queues"] = {}
         state["_hooked"] = None
         state["_hook_group"] = None
+        state["_hook_world"] = None
         return state
 
     # ----------------------------------------------------------------- Lightning's collectives
@@ -437,8 +447,10 @@ class MQGNNStrategy(DDPStrategy):
     @override
     def on_train_start(self) -> None:
         super().on_train_start()
-        self._set_timeout(self.step_timeout)
         self._epoch_met = None
+        if self.step_timeout is not None and self.world_size > 1:  # under the group's own timeout
+            self._fit_id = agree_on_fit()
+        self._set_timeout(self.step_timeout)
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -451,7 +463,9 @@ class MQGNNStrategy(DDPStrategy):
         # to the group's own timeout and for a stopped one step_timeout, as in a step
         self._epoch_met = epoch
         if self.world_size > 1:
-            meet("training", self.step_timeout.total_seconds(), self.group_timeout.total_seconds())
+            assert self._fit_id is not None  # agreed on at the training's start
+            meeting = Meeting(self._fit_id, epoch)
+            meet(meeting, "training", self.step_timeout.total_seconds(), self.group_timeout.total_seconds())
 
     # ----------------------------------------------------------------- training step
     def make_reducer(self) -> Reducer:
@@ -469,6 +483,8 @@ class MQGNNStrategy(DDPStrategy):
             return None
         if self._hooked is None:
             group = self._hook_group if self._hook_group is not None else dist.group.WORLD
+            if self._hook_state_takes_group:
+                self.comm_hook_state.process_group = group
             self._hooked = HookedBuckets(self.comm_hook, with_process_group(self.comm_hook_state, group))
         return self._hooked
 
