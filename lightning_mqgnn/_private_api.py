@@ -59,7 +59,7 @@ PRIVATE_APIS: dict[str, str] = {
     ),
     "lightning.pytorch.trainer.trainer.Trainer._val_check_time_interval": (
         "callbacks/validation_budget.py: the seconds after the last validation at which Lightning's "
-        "time-based schedule validates, read after every training batch; ValidationTimeBudget sets "
+        "time-based schedule validates, read after every training batch; ValidationBudget sets "
         "it to 0 after the batch it validates after and to infinity otherwise. No public API lets a "
         "callback choose the batches after which to validate"
     ),

@@ -64,7 +64,9 @@ from lightning_mqgnn.callbacks import (
     PeakMemoryMonitor,
     Preempted,
     StageTimingCallback,
+    ValidationBudget,
     ValidationTimeBudget,
+    ValidationWorkBudget,
 )
 from lightning_mqgnn.callbacks.last_checkpoint import LAST_CHECKPOINT
 from lightning_mqgnn.fullgraph.strategy_base import FullGraphStrategyBase
@@ -239,7 +241,7 @@ def train(cfg: DictConfig) -> dict[str, Value]:
         plugins=checkpoint_plugins(strategy),
         log_every_n_steps=log_every,
         **run_length(cfg, batches),
-        **(validation_schedule(cfg.val_every_batches, batches) if validation_share(cfg) is None else {}),
+        **(validation_schedule(cfg.val_every_batches, batches) if validation_budget(cfg) is None else {}),
     )
     # Everything built so far (imports, config, dataset, model: hundreds of thousands of Python
     # objects) lives for the whole run; freezing it keeps the cyclic collector from scanning it
@@ -296,12 +298,20 @@ def check_module_arguments(model: str, make_module) -> None:
         )
 
 
-def validation_share(cfg: DictConfig) -> float | None:
-    """The share of the wall time validation may take, checked every ``val_every_batches``
-    batches; None where the schedule is fixed in batches: ``val_time_share=null``, or
-    ``val_every_batches=0``, a validation at every epoch's end."""
-    share = cfg.get("val_time_share")
-    return None if share is None or cfg.val_every_batches < 1 else float(share)
+def validation_budget(cfg: DictConfig) -> ValidationBudget | None:
+    """The validation schedule's budget: ``val_share`` of the work (``val_budget=work``) or of
+    the wall time (``time``), checked every ``val_every_batches`` batches; None where the schedule
+    is fixed in batches: ``val_share=null``, or ``val_every_batches=0``, a validation at every
+    epoch's end."""
+    share, of = cfg.get("val_share"), cfg.get("val_budget", "work")
+    if of not in BUDGETS:
+        raise RecipeError(f"val_budget={of!r}: not one of {', '.join(BUDGETS)}")
+    if share is None or cfg.val_every_batches < 1:
+        return None
+    return BUDGETS[of](share=float(share), every_batches=cfg.val_every_batches)
+
+
+BUDGETS = {"work": ValidationWorkBudget, "time": ValidationTimeBudget}
 
 
 def check_resumable(cfg: DictConfig, ckpt_path: str, full_graph: bool) -> None:
@@ -407,7 +417,8 @@ RUN_DEFINING = (
     "loader.shuffle",
     "loader.drop_last",
     "val_every_batches",  # Lightning resumes an epoch-end checkpoint wrongly under another schedule
-    "val_time_share",
+    "val_share",  # and what it is of: which batches are validated, and so the best checkpoint
+    "val_budget",
     "trainer.accumulate_grad_batches",
 )
 
@@ -517,8 +528,8 @@ def recipe_callbacks(
         *strategy_callbacks(strategy),
         FitPhase(),
     ]
-    if (share := validation_share(cfg)) is not None:
-        callbacks.append(ValidationTimeBudget(share=share, every_batches=cfg.val_every_batches))
+    if (budget := validation_budget(cfg)) is not None:
+        callbacks.append(budget)
     if last_checkpoint:
         if checkpoint_dir is None:
             raise ValueError("last_checkpoint needs a checkpoint_dir")
@@ -698,9 +709,15 @@ def check_config_keys(argv: list[str], config_name: str) -> None:
             match = re.match(r"Could not override '([^']+)'", str(err))
             if match and "not in struct" in str(err.__cause__ or ""):
                 key = match.group(1)
+                if key in RENAMED:
+                    raise RecipeError(f"{key}: no such config key; it is now {RENAMED[key]}") from err
                 raise RecipeError(
                     f"{key}: no such config key (to add a key the config lacks: +{key}=...)"
                 ) from err
+
+
+# keys the recipe once had, and what says the same now
+RENAMED = {"val_time_share": "val_share=<share> val_budget=time (val_share=null: every val_every_batches)"}
 
 
 def exit_on_unknown_config_names(argv: list[str], config_name: str = "config") -> None:

@@ -11,7 +11,11 @@ from lightning_mqgnn.callbacks.gpu_busy import GPUBusyMonitor
 from lightning_mqgnn.callbacks.last_checkpoint import LastCheckpoint, Preempted
 from lightning_mqgnn.callbacks.peak_memory import PeakMemoryMonitor
 from lightning_mqgnn.callbacks.stage_timing import StageTimingCallback
-from lightning_mqgnn.callbacks.validation_budget import ValidationTimeBudget
+from lightning_mqgnn.callbacks.validation_budget import (
+    ValidationBudget,
+    ValidationTimeBudget,
+    ValidationWorkBudget,
+)
 
 __all__ = [
     "BatchEarlyStopping",
@@ -25,5 +29,7 @@ __all__ = [
     "TrainingClock",
     "trimmed",
     "trimmed_mean",
+    "ValidationBudget",
     "ValidationTimeBudget",
+    "ValidationWorkBudget",
 ]

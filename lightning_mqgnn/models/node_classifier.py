@@ -18,6 +18,7 @@ from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference
 from lightning_mqgnn.models.layers import layer_stack
 from lightning_mqgnn.models.metrics import make_metric, metric_input, node_loss
 from lightning_mqgnn.models.optim import adam
+from lightning_mqgnn.models.work import inference_work
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 
 AGGREGATION_OF_CONV = {"gcn": "gcn", "sage": "mean"}
@@ -171,6 +172,13 @@ class NodeClassifierBase(pl.LightningModule):
         if self._inference is None or self._inference.dataset is not dataset:
             self._inference = FullGraphInference(dataset, self.aggregation)
         return self._inference
+
+    def validation_work(self) -> int:
+        """Rows and edges one validation touches: exact inference scoring the DataModule's
+        validation nodes (``models.work``; what ``ValidationWorkBudget`` weighs it by)."""
+        dataset = self.trainer.datamodule.dataset
+        rows = self._inference_of(dataset).rows_per_layer(dataset.val_idx, len(self.layers))
+        return inference_work(dataset.graph, rows)
 
     def _full_graph_logits(self, batch: FullGraphBatch) -> Tensor:
         return self._inference_of(batch.dataset).run(self.layers, torch.relu_, batch.nodes, self.device)

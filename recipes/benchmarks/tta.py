@@ -26,8 +26,8 @@ A run's **time to target** is the wall time since training started (training and
 counted; data loading and process start not) at its first validation at or above the target; the
 speed-up is the ratio of the medians over seeds, DGL's over each system's. Both sides validate with
 exact full-neighbourhood inference; DGL and PyG after every epoch, the recipe on its own schedule
-(every ``val_every_batches``, and with ``val_time_share`` only while validation stays within that
-share of the wall time). Peak RSS is the training process's (``VmHWM``, data loading
+(every ``val_every_batches``, and with ``val_share`` only while validation stays within that
+share of the work, or with ``val_budget=time`` of the wall time). Peak RSS is the training process's (``VmHWM``, data loading
 included; sampler worker processes not). ``--out DIR`` writes ``tta.md``, every run with its curve
 in ``tta.json`` and a plot per graph (validation metric against wall time, the median seed of
 each system).

@@ -1,5 +1,7 @@
-"""A fit under ``ValidationTimeBudget`` on a clock the module moves: each training batch costs one
-second, each validation ``VALIDATION_S`` (``python validation_budget_ranks.py OUT [ranks]``).
+"""A fit under a validation budget where a training batch costs one and a validation
+``VALIDATION_S``: seconds on a clock the module moves (``ValidationTimeBudget``), or units of
+work (``ValidationWorkBudget``: the module's ``validation_work()``, one per batch)
+(``python validation_budget_ranks.py OUT RANKS time|work``).
 
 Every rank writes ``<OUT>/rank<r>.json``: the global steps after which it validated. On two ranks
 rank 1's validations cost ten times rank 0's: without one decision for all, the ranks would
@@ -18,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_mqgnn.callbacks import ValidationTimeBudget, validation_budget
+from lightning_mqgnn.callbacks import ValidationTimeBudget, ValidationWorkBudget, validation_budget
 
 VALIDATION_S = 3.0
 
@@ -44,6 +46,9 @@ class ClockedModel(pl.LightningModule):
         self.clock.now += 1.0
         return self.net(batch[0]).pow(2).mean()
 
+    def validation_work(self) -> float:
+        return self.validation_s
+
     def validation_step(self, batch, batch_idx):
         self.clock.now += self.validation_s
         self.validated_after.append(self.trainer.global_step)
@@ -53,8 +58,15 @@ class ClockedModel(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def fit(out: Path | None, ranks: int = 1, epoch_batches: int = 4, steps: int = 16, **budget) -> list[int]:
-    """The steps after which validation ran, on a fit of ``steps`` batches."""
+def fit(
+    out: Path | None, ranks: int = 1, epoch_batches: int = 4, steps: int = 16, measure: str = "time", **budget
+) -> list[int]:
+    """The steps after which validation ran, on a fit of ``steps`` batches, under a budget in
+    ``measure``: ``time`` or ``work``."""
+    if measure == "work":
+        callback = ValidationWorkBudget(batch_work=lambda batch: 1.0, **budget)
+    else:
+        callback = ValidationTimeBudget(**budget)
     clock = FakeClock()
     data = TensorDataset(torch.ones(epoch_batches * ranks, 2))
     trainer = pl.Trainer(
@@ -62,7 +74,7 @@ def fit(out: Path | None, ranks: int = 1, epoch_batches: int = 4, steps: int = 1
         devices=ranks,
         strategy="ddp" if ranks > 1 else "auto",
         max_steps=steps,
-        callbacks=[ValidationTimeBudget(**budget)],
+        callbacks=[callback],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -86,4 +98,4 @@ def fit(out: Path | None, ranks: int = 1, epoch_batches: int = 4, steps: int = 1
 
 
 if __name__ == "__main__":
-    fit(Path(sys.argv[1]), ranks=int(sys.argv[2]) if len(sys.argv) > 2 else 1, share=0.5, every_batches=2)
+    fit(Path(sys.argv[1]), ranks=int(sys.argv[2]), measure=sys.argv[3], share=0.5, every_batches=2)

@@ -102,7 +102,7 @@ def test_fit_epochs_records_the_clock_at_every_validation_and_stops_at_the_budge
 
 def test_a_recipe_run_gives_its_validation_curve_against_wall_time(tta, tmp_path):
     args = type("Args", (), {"model": "sage", "budget_s": 120})()
-    overrides = ["data.scale=0.02", "val_every_batches=2", "val_time_share=null", "trainer.max_steps=6"]
+    overrides = ["data.scale=0.02", "val_every_batches=2", "val_share=null", "trainer.max_steps=6"]
     result = tta.run_ours("defaults", overrides, "generated", 0, args)
     assert "error" not in result, result
     walls = [c[0] for c in result["curve"]]

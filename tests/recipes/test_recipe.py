@@ -28,7 +28,7 @@ def test_run_shorter_than_the_validation_interval_scores_its_last_weights(tmp_pa
         tmp_path,
         "data.scale=0.02",  # 4 training batches an epoch
         "val_every_batches=10",
-        "val_time_share=null",
+        "val_share=null",
         "trainer.max_epochs=-1",
         "trainer.max_steps=5",
     )
@@ -44,8 +44,13 @@ def test_the_time_to_accuracy_preset_overrides_the_defaults_and_yields_to_the_co
 
     plain = recipe_config(f"model={model}")
     cfg = recipe_config("preset=time_to_accuracy", f"model={model}", "loader.batch_size=1024")
-    assert (plain.val_every_batches, plain.val_time_share, plain.model.module.lr) == (1, 0.25, 0.01)
-    assert (cfg.val_every_batches, cfg.val_time_share, cfg.early_stopping) == (1, 0.25, plain.early_stopping)
+    assert (plain.val_every_batches, plain.val_share, plain.val_budget, plain.model.module.lr) == (
+        1,
+        0.25,
+        "work",
+        0.01,
+    )
+    assert (cfg.val_every_batches, cfg.val_share, cfg.early_stopping) == (1, 0.25, plain.early_stopping)
     assert cfg.model.module.lr == 0.03 and {**cfg.model.module, "lr": 0.01} == plain.model.module
     assert cfg.loader.batch_size == 1024 and cfg.model.sampler.fanouts == plain.model.sampler.fanouts
     assert recipe_config("preset=time_to_accuracy", "model.module.lr=0.01").model.module.lr == 0.01
@@ -60,7 +65,7 @@ def test_the_time_to_accuracy_preset_overrides_the_defaults_and_yields_to_the_co
 @pytest.mark.parametrize("model", ["sage", "labor_gcn", "ladies_fd"])
 def test_the_paper_preset_restores_mq_gnns_protocol_for_every_model(model):
     cfg = recipe_config("preset=paper", f"model={model}")
-    assert (cfg.val_every_batches, cfg.val_time_share, cfg.early_stopping.min_delta) == (50, None, 0.01)
+    assert (cfg.val_every_batches, cfg.val_share, cfg.early_stopping.min_delta) == (50, None, 0.01)
     assert cfg.early_stopping.patience_batches == recipe_config().early_stopping.patience_batches
     assert cfg.model.module.lr == 1e-3
     assert recipe_config("preset=paper", f"model={model}", "model.module.lr=0.02").model.module.lr == 0.02
@@ -269,7 +274,7 @@ RESUME = (
     "trainer.max_steps=-1",
     "early_stopping.patience_batches=1000000",
     "last_checkpoint_every_s=0",
-    "val_time_share=null",  # validations where the batches say, not the clock
+    "val_share=null",  # validations every val_every_batches, whatever they cost
     "val_every_batches=3",  # inside the 4-batch epochs: best.ckpt is written mid-epoch
 )
 
@@ -425,9 +430,9 @@ def test_a_run_resumed_to_a_later_end_validates_where_it_would_have(tmp_path):
 
 @pytest.mark.slow  # three recipe runs; the budget itself: tests/callbacks/test_validation_budget.py
 def test_a_run_validating_within_a_share_of_its_time_resumes_exactly(tmp_path):
-    """Under val_time_share the validations fall where the clock says, the batches trained on do
+    """Under val_budget=time the validations fall where the clock says, the batches trained on do
     not: the run resumed from its second epoch ends with the straight run's parameters."""
-    by_clock = (*(o for o in RESUME if not o.startswith("val_time_share")), "val_time_share=0.5")
+    by_clock = (*(o for o in RESUME if not o.startswith("val_share")), "val_share=0.5", "val_budget=time")
     through, resumed = _resumed_as_straight(tmp_path, *by_clock)
     assert result_fields(resumed.stdout)["batches"] == result_fields(through.stdout)["batches"]
 
@@ -449,8 +454,8 @@ class CountingClassifier(NodeClassifier):
 """
 
 
-def test_a_validation_per_epoch_is_kept_under_the_default_time_share(tmp_path):
-    """val_every_batches=0 asks for a validation at each epoch's end: the default time share, which
+def test_a_validation_per_epoch_is_kept_under_the_default_share(tmp_path):
+    """val_every_batches=0 asks for a validation at each epoch's end: the default share, which
     checks every val_every_batches batches, does not apply to it."""
     (tmp_path / "counting_model.py").write_text(COUNTING_MODEL)
     proc = run_recipe(
@@ -462,7 +467,7 @@ def test_a_validation_per_epoch_is_kept_under_the_default_time_share(tmp_path):
         env={"PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert recipe_config().val_time_share is not None
+    assert recipe_config().val_share is not None
     assert "VALIDATIONS 3" in proc.stdout.splitlines()
 
 

@@ -29,7 +29,7 @@ RUN = (
     "model.module._target_=user_model.WarningClassifier",
     "trainer.max_steps=-1",
     "last_checkpoint_every_s=0",
-    "val_time_share=null",
+    "val_share=null",
     "val_every_batches=4",  # at each epoch's end: the test score is the best checkpoint's
 )
 

@@ -125,7 +125,7 @@ def test_a_hung_rank_ends_the_other_after_the_step_timeout_and_is_ended_with_it(
         "mqgnn",
         2,
         "val_every_batches=40",
-        "val_time_share=null",
+        "val_share=null",
         f"strategy.staleness={staleness}",
         f"strategy.step_timeout={STEP_TIMEOUT_S}",
         batch_size=8,

@@ -13,7 +13,7 @@ from helpers.recipe import TRAIN, assert_one_error_line, run_recipe
 TINY = (
     "data.scale=0.02",  # 4 training batches an epoch
     "trainer.max_steps=8",
-    "val_time_share=null",  # validations at fixed batches: a run is a function of its seed
+    "val_share=null",  # a validation every val_every_batches batches
     "val_every_batches=4",
 )
 SAME_IN_EVERY_RUN_OF_A_SEED = ("val", "test", "epochs", "batches", "feature_rows_per_batch")
