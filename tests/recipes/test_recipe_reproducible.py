@@ -46,7 +46,7 @@ def test_the_default_command_gives_the_same_result_under_load(tmp_path):
 @pytest.mark.parametrize(
     "overrides",
     [
-        ("loader=pipeline",),
+        pytest.param(("loader=pipeline",), marks=pytest.mark.slow),  # the GNS case runs the pipeline too
         ("model=sage_gns", "loader=pipeline"),
         pytest.param(("model=labor_sage",), marks=pytest.mark.slow),
         pytest.param(("model=ladies_fd",), marks=pytest.mark.slow),

@@ -80,6 +80,7 @@ def test_the_summary_is_the_mean_and_sample_std_of_the_runs_files(seeded):
     assert f"val={group['text']['val']} test={group['text']['test']} " in summary
 
 
+@pytest.mark.slow  # a third recipe run
 def test_ckpt_path_auto_does_not_run_a_finished_seed_again(seeded):
     root, both = seeded
     again = run_recipe(root / "both", *TINY, "seeds=0,1", "ckpt_path=auto")

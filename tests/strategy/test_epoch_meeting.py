@@ -60,7 +60,7 @@ def test_ranks_waiting_at_different_meetings_each_end_in_one_line_within_the_ste
     assert apart and all(" at " in line.split("(this rank at ")[1] for line in apart)
 
 
-@pytest.mark.parametrize("staleness", [0, 1])
+@pytest.mark.parametrize("staleness", [pytest.param(0, marks=pytest.mark.slow), 1])
 def test_a_rank_zero_process_that_outlives_its_fit_meets_the_new_ranks_of_the_next(tmp_path, staleness):
     proc = subprocess.run(
         [sys.executable, str(HELPERS / "fresh_peer_fits.py"), str(tmp_path), str(staleness)],
