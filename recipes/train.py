@@ -234,6 +234,7 @@ def train(cfg: DictConfig) -> dict[str, Value]:
     callbacks = recipe_callbacks(cfg, strategy, checkpoint_dir, last_checkpoint, log_every)
     timer, gpu_busy, checkpoint, memory = callbacks[:4]
     stages = next(c for c in callbacks if isinstance(c, StageTimingCallback))
+    budgeted = any(isinstance(c, ValidationBudget) for c in callbacks)  # it schedules validation
     trainer = instantiate(
         cfg.trainer,
         callbacks=callbacks,
@@ -241,7 +242,7 @@ def train(cfg: DictConfig) -> dict[str, Value]:
         plugins=checkpoint_plugins(strategy),
         log_every_n_steps=log_every,
         **run_length(cfg, batches),
-        **(validation_schedule(cfg.val_every_batches, batches) if validation_budget(cfg) is None else {}),
+        **({} if budgeted else validation_schedule(cfg.val_every_batches, batches)),
     )
     # Everything built so far (imports, config, dataset, model: hundreds of thousands of Python
     # objects) lives for the whole run; freezing it keeps the cyclic collector from scanning it

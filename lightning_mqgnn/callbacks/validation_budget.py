@@ -42,7 +42,7 @@ class ValidationBudget(pl.Callback):
         self.validations = 0
         self._batches_since = 0
 
-    def allows(self, trainer: pl.Trainer, batch_idx: int) -> bool:
+    def allows(self) -> bool:
         """Whether a validation now keeps to the budget (on rank 0, which decides for all)."""
         raise NotImplementedError
 
@@ -75,7 +75,7 @@ class ValidationBudget(pl.Callback):
             due = True
         elif self._check_now(trainer, batch_idx):
             # all ranks reach this check after the same batch; rank 0's figures decide for all
-            due = bool(trainer.strategy.broadcast(self.allows(trainer, batch_idx)))
+            due = bool(trainer.strategy.broadcast(self.allows()))
         else:
             due = False
         trainer._val_check_time_interval = 0.0 if due else math.inf
@@ -147,7 +147,7 @@ class ValidationWorkBudget(ValidationBudget):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     @override
-    def allows(self, trainer: pl.Trainer, batch_idx: int) -> bool:
+    def allows(self) -> bool:
         validating = (self.validations + 1) * self.validation_cost
         return validating <= self.share * (self.training_work + validating)
 
@@ -203,7 +203,7 @@ class ValidationTimeBudget(ValidationBudget):
         self._close_validation()
 
     @override
-    def allows(self, trainer: pl.Trainer, batch_idx: int) -> bool:
+    def allows(self) -> bool:
         return self.validating_s <= self.share * (time.monotonic() - self._started)
 
     @override
