@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
-
-from lightning_mqgnn.models.work import batch_work
 
 
 class ValidationBudget(pl.Callback):
@@ -106,36 +103,30 @@ def _training_ends_after(trainer: pl.Trainer, batch_idx: int) -> bool:
 
 class ValidationWorkBudget(ValidationBudget):
     """A ``ValidationBudget`` in work: validate only where, this validation included, validating
-    has done at most ``share`` of the rows and edges the fit has touched (``models.work``).
+    has done at most ``share`` of the work the fit has done (``models.work``).
 
-    A validation's work is the module's ``validation_work()`` (``NodeClassifierBase``: exact
-    inference scoring the validation nodes), known before training; a batch's is
-    ``batch_work(batch)`` (sampled blocks, forward and backward). Both follow from the seed and
-    the data alone, so the same command validates after the same batches on any machine and at
-    any load, and a fit resumed from its checkpoint goes on where it stopped.
+    The module weighs both: ``validation_work()`` (``NodeClassifierBase``: exact inference
+    scoring the validation nodes), known before training, and ``training_work(batch)`` (its
+    layers over the sampled blocks, forward and backward). Both follow from the seed, the data
+    and the model's widths alone, so the same command validates after the same batches on any
+    machine and at any load, and a fit resumed from its checkpoint goes on where it stopped.
     """
 
-    def __init__(
-        self,
-        share: float = 0.25,
-        every_batches: int = 10,
-        batch_work: Callable[[Any], float] = batch_work,
-    ):
+    def __init__(self, share: float = 0.25, every_batches: int = 10):
         super().__init__(share, every_batches)
-        self.batch_work = batch_work
         self.validation_cost = 0.0
         self.training_work = 0.0
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        cost = getattr(pl_module, "validation_work", None)
-        if cost is None:
+        missing = [m for m in ("validation_work", "training_work") if not hasattr(pl_module, m)]
+        if missing:
             raise ValueError(
-                f"ValidationWorkBudget: {type(pl_module).__name__} has no validation_work() to weigh a "
-                "validation against training batches; use ValidationTimeBudget"
+                f"ValidationWorkBudget: {type(pl_module).__name__} has no {' or '.join(f'{m}()' for m in missing)} "
+                "to weigh a validation against training batches; use ValidationTimeBudget"
             )
-        self.validation_cost = float(cost())
+        self.validation_cost = float(pl_module.validation_work())
         if trainer.global_step == 0:
             self.training_work = 0.0
 
@@ -143,7 +134,7 @@ class ValidationWorkBudget(ValidationBudget):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
-        self.training_work += self.batch_work(batch)
+        self.training_work += float(pl_module.training_work(batch))
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     @override

@@ -120,6 +120,12 @@ class FullGraphInference:
         first validation takes no longer than the others."""
         self._sparse_inputs(first, device)
 
+    def input_nonzeros(self, first: nn.Module, device: torch.device) -> int | None:
+        """The features' non-zeros where ``run`` with ``first`` on ``device`` multiplies them as a
+        sparse matrix (its first layer's product then costs them), else None."""
+        sparse = self._sparse_inputs(first, device)
+        return None if sparse is None else int(sparse.values().numel())
+
     def _sparse_inputs(self, first: nn.Module, device: torch.device) -> Tensor | None:
         """The features as a sparse CSR matrix where the first layer takes them so (``project``)
         and they are sparse enough (``sparse_rows``, decided once), on the CPU; else None. There

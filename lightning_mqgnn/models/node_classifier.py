@@ -4,6 +4,7 @@ inference, and ``NodeClassifier``, the GCN/SAGE stacks of all ten paper variants
 from __future__ import annotations
 
 import warnings
+from functools import cached_property
 from typing import Any
 
 import lightning.pytorch as pl
@@ -18,7 +19,7 @@ from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference
 from lightning_mqgnn.models.layers import layer_stack
 from lightning_mqgnn.models.metrics import make_metric, metric_input, node_loss
 from lightning_mqgnn.models.optim import adam
-from lightning_mqgnn.models.work import inference_work
+from lightning_mqgnn.models.work import LayerWidth, batch_work, inference_work, layer_widths
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 
 AGGREGATION_OF_CONV = {"gcn": "gcn", "sage": "mean"}
@@ -173,12 +174,26 @@ class NodeClassifierBase(pl.LightningModule):
             self._inference = FullGraphInference(dataset, self.aggregation)
         return self._inference
 
-    def validation_work(self) -> int:
-        """Rows and edges one validation touches: exact inference scoring the DataModule's
-        validation nodes (``models.work``; what ``ValidationWorkBudget`` weighs it by)."""
-        dataset = self.trainer.datamodule.dataset
-        rows = self._inference_of(dataset).rows_per_layer(dataset.val_idx, len(self.layers))
-        return inference_work(dataset.graph, rows)
+    @cached_property
+    def layer_widths(self) -> list[LayerWidth]:
+        """Each layer's widths and multiply-adds per row (``models.work``), read once."""
+        return layer_widths(self.layers)
+
+    def training_work(self, batch: MiniBatch) -> float:
+        """The work of a training step on ``batch`` (``models.work.batch_work``): what
+        ``ValidationWorkBudget`` weighs training by."""
+        return batch_work(batch, self.layer_widths)
+
+    def validation_work(self) -> float:
+        """The work of one validation (``models.work.inference_work``): exact inference scoring
+        the DataModule's validation nodes, over sparse features at the cost of their non-zeros
+        where inference multiplies them so."""
+        trainer = self.trainer
+        dataset = trainer.datamodule.dataset
+        inference = self._inference_of(dataset)
+        rows = inference.rows_per_layer(dataset.val_idx, len(self.layers))
+        nonzeros = inference.input_nonzeros(self.layers[0], trainer.strategy.root_device)
+        return inference_work(dataset.graph, rows, self.layer_widths, nonzeros)
 
     def _full_graph_logits(self, batch: FullGraphBatch) -> Tensor:
         return self._inference_of(batch.dataset).run(self.layers, torch.relu_, batch.nodes, self.device)

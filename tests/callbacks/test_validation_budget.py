@@ -64,7 +64,10 @@ def test_a_module_that_cannot_weigh_its_validation_is_told_to_use_the_time_budge
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    with pytest.raises(ValueError, match="BoringModel has no validation_work.*ValidationTimeBudget"):
+    with pytest.raises(
+        ValueError,
+        match=r"BoringModel has no validation_work\(\) or training_work\(\) .*ValidationTimeBudget",
+    ):
         trainer.fit(BoringModel())
 
 

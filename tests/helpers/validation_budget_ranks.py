@@ -1,6 +1,6 @@
 """A fit under a validation budget where a training batch costs one and a validation
 ``VALIDATION_S``: seconds on a clock the module moves (``ValidationTimeBudget``), or units of
-work (``ValidationWorkBudget``: the module's ``validation_work()``, one per batch)
+work (``ValidationWorkBudget``: the module's ``validation_work()``, and ``training_work(batch)`` one per batch)
 (``python validation_budget_ranks.py OUT RANKS time|work``).
 
 Every rank writes ``<OUT>/rank<r>.json``: the global steps after which it validated. On two ranks
@@ -49,6 +49,9 @@ class ClockedModel(pl.LightningModule):
     def validation_work(self) -> float:
         return self.validation_s
 
+    def training_work(self, batch) -> float:
+        return 1.0
+
     def validation_step(self, batch, batch_idx):
         self.clock.now += self.validation_s
         self.validated_after.append(self.trainer.global_step)
@@ -63,10 +66,8 @@ def fit(
 ) -> list[int]:
     """The steps after which validation ran, on a fit of ``steps`` batches, under a budget in
     ``measure``: ``time`` or ``work``."""
-    if measure == "work":
-        callback = ValidationWorkBudget(batch_work=lambda batch: 1.0, **budget)
-    else:
-        callback = ValidationTimeBudget(**budget)
+    budget_type = ValidationWorkBudget if measure == "work" else ValidationTimeBudget
+    callback = budget_type(**budget)
     clock = FakeClock()
     data = TensorDataset(torch.ones(epoch_batches * ranks, 2))
     trainer = pl.Trainer(
