@@ -8,6 +8,7 @@ import logging
 import os
 
 import lightning.pytorch as pl
+import torch
 import torch.distributed as dist
 from typing_extensions import override
 
@@ -31,6 +32,7 @@ from lightning_mqgnn.pipeline.sequential import SequentialLoader
 from lightning_mqgnn.pipeline.settings import PipelineSettings
 from lightning_mqgnn.pipeline.source import BatchSource
 from lightning_mqgnn.sampling.base import Sampler
+from lightning_mqgnn.sampling.edge_seeds import EdgeSeeds
 from lightning_mqgnn.sampling.feature_cache import FeatureCache
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,11 @@ MODES = ("sequential", "pipeline", "device")
 class MQGNNDataModule(pl.LightningDataModule):
     """Training mini-batches from ``sampler`` over ``dataset``'s training split; validation and
     test as one exact full-graph batch each.
+
+    ``seeds``: what seeds a batch. None: the training nodes (node classification). An
+    ``EdgeSeeds``: batches of its training edges with their negatives (link prediction), the
+    blocks those of their endpoints; validation and test then score its split's fixed pairs
+    (``LinkEvalBatch``).
 
     ``mode="sequential"``: sample → gather → compute in the training process, no overlap (the
     baseline). ``mode="pipeline"``: the MQ-GNN multi-queue pipeline (``PipelinedLoader``) with
@@ -80,6 +87,7 @@ class MQGNNDataModule(pl.LightningDataModule):
         self,
         dataset: GraphDataset,
         sampler: Sampler,
+        seeds: EdgeSeeds | None = None,
         batch_size: int = 1024,
         shuffle: bool = True,
         drop_last: bool = False,
@@ -124,15 +132,17 @@ class MQGNNDataModule(pl.LightningDataModule):
             host_tier_capacity(dataset, host_cache_gb, host_cache_policy)  # bad settings fail here
         self.host_cache_gb = host_cache_gb
         self.host_cache_policy = host_cache_policy
+        self.seeds = seeds
         self.source = BatchSource(
             dataset,
-            sampler,
+            sampler if seeds is None else seeds.sampler(sampler, dataset.graph),
             batch_size,
             shuffle,
             drop_last,
             seed,
             aggregate_inputs,
             feature_cache=feature_cache,
+            seed_ids=None if seeds is None else torch.arange(seeds.num_seeds),
         )
         self.settings = PipelineSettings(
             num_workers,
@@ -282,10 +292,14 @@ class MQGNNDataModule(pl.LightningDataModule):
 
     @override
     def val_dataloader(self) -> FullGraphLoader:
+        if self.seeds is not None:
+            return self.seeds.eval_loader(self.dataset, "val")
         return FullGraphLoader(self.dataset, self.dataset.val_idx, "val")
 
     @override
     def test_dataloader(self) -> FullGraphLoader:
+        if self.seeds is not None:
+            return self.seeds.eval_loader(self.dataset, "test")
         return FullGraphLoader(self.dataset, self.dataset.test_idx, "test")
 
     @override

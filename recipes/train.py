@@ -204,16 +204,26 @@ def train(cfg: DictConfig) -> dict[str, Value]:
         check_resumable(cfg, ckpt_path, full_graph)
     dataset = instantiate(cfg.data)
     print(dataset.summary(), flush=True)
-    module = make_module(
-        in_dim=dataset.num_features,
-        num_classes=dataset.num_classes,
-        metric=dataset.metric,
-        multilabel=dataset.multilabel,
-    )
+    link = cfg.task.name == "link"
+    if link and full_graph:
+        raise RecipeError(
+            "task=link trains sampled edge batches: the full-graph strategies train node classification"
+        )
+    seeds = None
+    if link:  # the dataset over the training graph, and the split's edges as the batches' seeds
+        dataset, seeds = instantiate(cfg.task.seeds)(dataset=dataset)
+        module = make_module(in_dim=dataset.num_features)
+    else:
+        module = make_module(
+            in_dim=dataset.num_features,
+            num_classes=dataset.num_classes,
+            metric=dataset.metric,
+            multilabel=dataset.multilabel,
+        )
     if full_graph:  # each rank's partition is the one batch of an epoch
         datamodule, batches = loader(dataset=dataset, aggregation=module.aggregation), 1
     else:
-        datamodule = sampled_datamodule(cfg, loader, dataset, module)
+        datamodule = sampled_datamodule(cfg, loader, dataset, module, seeds)
         batches = datamodule_batches(datamodule, world)
     resume = None
     if ckpt_path is not None:
@@ -263,17 +273,24 @@ def train(cfg: DictConfig) -> dict[str, Value]:
     else:  # training ended (max_steps, max_time) before the first validation: score the last weights
         validated = trainer.validate(module, datamodule=datamodule, verbose=False)
         result, best = {"val": float(validated[0]["val/metric"])}, None
+    link_fields = ""
     if cfg.test:
         tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)
         result["test"] = float(tested[0]["test/metric"])
+        if link:  # the test split's other scores: AUC, and MRR where it has per-source negatives
+            result.update(
+                {k.removeprefix("test/"): float(v) for k, v in tested[0].items() if k != "test/metric"}
+            )
+            link_fields = "".join(f" test_{k}={result[k]:.4f}" for k in ("auc", "mrr") if k in result)
     result.update(timer.summary())
     busy = ""
     if gpu_busy.busy_fraction is not None:
         result["gpu_busy"] = gpu_busy.busy_fraction
         busy = f" gpu_busy={gpu_busy.busy_fraction:.3f}"
     line = (
-        f"RESULT model={cfg.model.name} data={dataset.name} val={result['val']:.4f} "
-        f"test={result.get('test', float('nan')):.4f} epochs={trainer.current_epoch} "
+        f"RESULT model={cfg.model.name} data={dataset.name}"
+        f"{f' task=link metric=hits@{module.hits_k}' if link else ''} val={result['val']:.4f} "
+        f"test={result.get('test', float('nan')):.4f}{link_fields} epochs={trainer.current_epoch} "
         f"batches={result['batches']} batch_time_ms={result['batch_time_ms']:.2f} "
         f"batch_time_std_ms={result['batch_time_std_ms']:.2f} train_time_s={result['train_time_s']:.2f}{busy}"
         f"{stages.result_fields()}{strategy_result_fields(strategy)}{memory.result_fields()}"
@@ -483,9 +500,9 @@ def run_length(cfg: DictConfig, batches_per_epoch: int) -> dict:
     return {"max_steps": -1, "max_epochs": cap if epochs < 0 else min(epochs, cap)}
 
 
-def sampled_datamodule(cfg: DictConfig, loader, dataset, module) -> pl.LightningDataModule:
+def sampled_datamodule(cfg: DictConfig, loader, dataset, module, seeds=None) -> pl.LightningDataModule:
     """The mini-batch DataModule: the model config's sampler over ``dataset``, checked against
-    the model's layers."""
+    the model's layers; ``seeds``: what seeds a batch (None: the training nodes; ``EdgeSeeds``)."""
     sampler = build_sampler(instantiate(cfg.model.sampler), dataset)
     if sampler.aggregation != module.aggregation:
         raise RecipeError(
@@ -497,7 +514,9 @@ def sampled_datamodule(cfg: DictConfig, loader, dataset, module) -> pl.Lightning
             f"model {cfg.model.name!r}: sampler has {sampler.num_layers} layers, model {len(module.layers)}"
         )
     # a sampler with a feature cache (GNS) shares it with the DataModule, which keeps it on the device
-    return loader(dataset=dataset, sampler=sampler, feature_cache=getattr(sampler, "cache", None))
+    return loader(
+        dataset=dataset, sampler=sampler, seeds=seeds, feature_cache=getattr(sampler, "cache", None)
+    )
 
 
 def recipe_callbacks(

@@ -1,5 +1,11 @@
-from lightning_mqgnn.models.inference import FullGraphBatch, FullGraphInference, FullGraphLoader
+from lightning_mqgnn.models.inference import (
+    FullGraphBatch,
+    FullGraphInference,
+    FullGraphLoader,
+    LinkEvalBatch,
+)
 from lightning_mqgnn.models.layers import GCNLayer, SAGELayer
+from lightning_mqgnn.models.link_predictor import LinkPredictor
 from lightning_mqgnn.models.node_classifier import NodeClassifier
 
 __all__ = [
@@ -7,6 +13,8 @@ __all__ = [
     "FullGraphInference",
     "FullGraphLoader",
     "GCNLayer",
+    "LinkEvalBatch",
+    "LinkPredictor",
     "NodeClassifier",
     "SAGELayer",
 ]

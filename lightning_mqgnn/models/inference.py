@@ -31,6 +31,18 @@ class FullGraphBatch:
 
 
 @dataclass
+class LinkEvalBatch(FullGraphBatch):
+    """A link split's fixed pairs to score (``EdgeSeeds.eval_batch``): ``nodes`` are their
+    endpoints, each once; ``pos`` and ``neg`` (``[2, P]``, ``[2, M]``) the positive and negative
+    pairs as positions in ``nodes``; ``neg_per_source`` (``[P, k]``, or None) each positive's own
+    negative destinations (the MRR protocol of ogbl-citation2)."""
+
+    pos: Tensor | None = None
+    neg: Tensor | None = None
+    neg_per_source: Tensor | None = None
+
+
+@dataclass
 class _Layer:
     """One layer of a plan: the global ids of its input rows (None: every node) and its chunks,
     each its destinations' global ids, with their blocks once built (None: built at each run)."""
@@ -225,6 +237,13 @@ class FullGraphLoader:
 
     def __init__(self, dataset: GraphDataset, nodes: Tensor, split: str):
         self.batch = FullGraphBatch(dataset, nodes, split)
+
+    @classmethod
+    def of(cls, batch: FullGraphBatch) -> FullGraphLoader:
+        """The loader of ``batch`` (e.g. a ``LinkEvalBatch``)."""
+        loader = cls.__new__(cls)
+        loader.batch = batch
+        return loader
 
     def __len__(self) -> int:
         return 1

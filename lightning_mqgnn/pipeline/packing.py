@@ -34,7 +34,16 @@ if TYPE_CHECKING:
     from lightning_mqgnn.pipeline.host_cache import TieredFeatures
 
 _ALIGN = 64
-_BATCH_TENSORS = ("input_nodes", "output_nodes", "features", "labels", "cache_slots", "aggregated")
+_BATCH_TENSORS = (
+    "input_nodes",
+    "output_nodes",
+    "features",
+    "labels",
+    "cache_slots",
+    "aggregated",
+    "pairs",
+    "pair_labels",
+)
 SLOT_HEADROOM = 1.25  # slots are this much bigger than the largest batch seen
 
 

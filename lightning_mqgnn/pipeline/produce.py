@@ -30,6 +30,8 @@ def sample_batch(sampler: Sampler, seeds: Tensor, rng_seed: int, index: int) -> 
     t0 = time.perf_counter()
     with drawing_from(batch_generator(rng_seed, sampler_device(sampler, seeds))):
         batch = sampler.sample(seeds)
+    # a layer-wise sampler's node sets, read by edge seeds inside ``sample``: not shipped onwards
+    batch.meta.pop("layer_nodes", None)
     # the layers above the input carry their transpose for the backward (the input layer's
     # sources are data: nothing flows back through its aggregation)
     batch.blocks[1:] = [block.with_transpose() for block in batch.blocks[1:]]

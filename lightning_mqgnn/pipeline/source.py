@@ -26,7 +26,9 @@ class BatchSource:
     (``batch.aggregated``) instead of gathering the input rows; not with a ``feature_cache``.
     ``feature_cache`` (e.g. GNS): refreshed at every epoch start, its rows kept on the device.
     ``host_cache``: the host tier of features on disk (``pipeline/host_cache.py``); the gather
-    stage reads ``features`` through it.
+    stage reads ``features`` through it. ``seed_ids``: what the batches cut, as ids ``sampler``
+    takes: None for the training nodes; positions of training edges for an ``EdgeSampler``
+    (``MQGNNDataModule(seeds=EdgeSeeds(...))``).
     """
 
     dataset: GraphDataset
@@ -38,10 +40,16 @@ class BatchSource:
     aggregate_inputs: bool = False
     feature_cache: FeatureCache | None = None
     host_cache: HostRowCache | None = None
+    seed_ids: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+
+    @property
+    def seeds(self) -> Tensor:
+        """The ids an epoch's batches are cut from: ``seed_ids``, or the training nodes."""
+        return self.dataset.train_idx if self.seed_ids is None else self.seed_ids
 
     @property
     def input_aggregation(self) -> str | None:
@@ -60,9 +68,9 @@ class BatchSource:
         return self.feature_cache.slot if self.feature_cache is not None else None
 
     def epoch_seeds(self, epoch: int, rank: int = 0, world_size: int = 1) -> list[Tensor]:
-        """The seed nodes of every batch ``rank`` trains on in ``epoch``."""
+        """The seeds (``seeds``) of every batch ``rank`` trains on in ``epoch``."""
         return epoch_batches(
-            self.dataset.train_idx,
+            self.seeds,
             self.batch_size,
             epoch,
             seed=self.seed,
@@ -74,7 +82,7 @@ class BatchSource:
 
     def num_batches(self, world_size: int = 1) -> int:
         """Batches per epoch on every rank."""
-        return num_batches(self.dataset.train_idx.numel(), self.batch_size, world_size, self.drop_last)
+        return num_batches(self.seeds.numel(), self.batch_size, world_size, self.drop_last)
 
     def rng_seed(self, epoch: int, index: int) -> int:
         return batch_rng_seed(self.seed, epoch, index)

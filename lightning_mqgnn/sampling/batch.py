@@ -116,6 +116,11 @@ class MiniBatch:
     With the input aggregated in the gather stage, ``features`` is None and ``aggregated`` holds
     what the first layer would compute before its weights: ``[A_0 X, X_dst]`` for mean
     aggregation (GraphSAGE, ``Block.aggregate_with_self``), ``A_0 X`` for GCN (``Block.aggregate``).
+
+    Seeded by edges (link prediction, ``sampling.edge_seeds``), ``output_nodes`` are the scored
+    pairs' endpoints, each once; ``pairs`` ``[2, P]`` gives each pair's source and destination as
+    positions in ``output_nodes``, and ``pair_labels`` ``[P]`` is 1.0 for a true edge, 0.0 for a
+    negative.
     """
 
     input_nodes: Tensor
@@ -125,6 +130,8 @@ class MiniBatch:
     labels: Tensor | None = None
     cache_slots: Tensor | None = None
     aggregated: Tensor | None = None
+    pairs: Tensor | None = None
+    pair_labels: Tensor | None = None
     meta: dict = field(default_factory=dict)  # small per-batch facts (batch index, timings)
 
     @property
@@ -140,7 +147,7 @@ class MiniBatch:
             elif f.name == "blocks":
                 value = [b.map(fn) for b in value]
             out[f.name] = value
-        return MiniBatch(**out)
+        return replace(self, **out)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> MiniBatch:
         return self._map_tensors(lambda t: t.to(device, non_blocking=non_blocking))

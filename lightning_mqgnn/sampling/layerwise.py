@@ -106,13 +106,18 @@ class LayerwiseSampler:
             raise ValueError(f"{type(self).__name__}.sample: seeds is empty")
         prev = seeds
         blocks: list[Block] = []
+        layers = [seeds]
         for s in reversed(self.samples):  # top-down: output layer first
             rows = row_entries(self.graph, prev)
             draw = self.draw_layer(prev, rows, s)
             blocks.append(self._block(rows, draw))
             prev = draw.chosen
+            layers.append(prev)
         blocks.reverse()
-        return MiniBatch(input_nodes=prev, output_nodes=seeds, blocks=blocks)
+        layers.reverse()
+        # the global ids of every layer's nodes, which the blocks (not a source prefix of each
+        # other) do not give: what removing an edge seed's own edges reads (``edge_seeds``)
+        return MiniBatch(input_nodes=prev, output_nodes=seeds, blocks=blocks, meta={"layer_nodes": layers})
 
     def keep(self, prev: Tensor, rows: RowEntries, chosen: Tensor, p_chosen: Tensor) -> LayerDraw:
         """The ``LayerDraw`` of ``chosen``: its kept entries of ``rows`` and their values."""
