@@ -1,6 +1,6 @@
 """The LightningDataModule that ties graph, sampler and loader together: a thin adapter that
-builds the loaders' ``BatchSource`` and ``PipelineSettings`` and reads each epoch's ``EpochPlan``
-from the Trainer."""
+builds the loaders' ``BatchSource`` from its ``LoaderSettings`` and reads each epoch's
+``EpochPlan`` from the Trainer."""
 
 from __future__ import annotations
 
@@ -14,11 +14,7 @@ from typing_extensions import override
 
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models.inference import FullGraphLoader
-from lightning_mqgnn.pipeline.device_loader import (
-    DeviceResidentLoader,
-    check_device_sampler,
-    resolve_placement,
-)
+from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader, resolve_placement
 from lightning_mqgnn.pipeline.host_cache import (
     host_row_cache,
     host_tier_capacity,
@@ -26,134 +22,62 @@ from lightning_mqgnn.pipeline.host_cache import (
     shared_host_row_cache,
 )
 from lightning_mqgnn.pipeline.loader import PipelinedLoader
-from lightning_mqgnn.pipeline.placement import DEFAULT_MARGIN, Placement, check_place
+from lightning_mqgnn.pipeline.placement import DEFAULT_MARGIN, Placement
 from lightning_mqgnn.pipeline.plan import EpochPlan
 from lightning_mqgnn.pipeline.sequential import SequentialLoader
-from lightning_mqgnn.pipeline.settings import PipelineSettings
+from lightning_mqgnn.pipeline.settings import LoaderSettings
 from lightning_mqgnn.pipeline.source import BatchSource
 from lightning_mqgnn.sampling.base import Sampler
 from lightning_mqgnn.sampling.edge_seeds import EdgeSeeds
 from lightning_mqgnn.sampling.feature_cache import FeatureCache
 
-log = logging.getLogger(__name__)
+__all__ = ["LoaderSettings", "MQGNNDataModule"]
 
-MODES = ("sequential", "pipeline", "device")
+log = logging.getLogger(__name__)
 
 
 class MQGNNDataModule(pl.LightningDataModule):
-    """Training mini-batches from ``sampler`` over ``dataset``'s training split; validation and
-    test as one exact full-graph batch each.
+    """Training mini-batches from ``sampler`` over ``dataset``'s training split, made as
+    ``loader`` (``LoaderSettings``) says; validation and test as one exact full-graph batch each.
 
     ``seeds``: what seeds a batch. None: the training nodes (node classification). An
     ``EdgeSeeds``: batches of its training edges with their negatives (link prediction), the
     blocks those of their endpoints; validation and test then score its split's fixed pairs
     (``LinkEvalBatch``).
 
-    ``mode="sequential"``: sample → gather → compute in the training process, no overlap (the
-    baseline). ``mode="pipeline"``: the MQ-GNN multi-queue pipeline (``PipelinedLoader``) with
-    ``num_workers`` sampler processes (default: the cores of this rank less one), a CPU queue of
-    ``cpu_queue_size`` batches and a device queue of ``queue_size`` batches (int, or ``"auto"``
-    for eq. 24-25). ``producer="auto"`` times the training thread making the batches with every
-    core, starts the workers only where its steps on the cores they would leave are faster than
-    that, and keeps the faster (``ProducerChoice``); ``"workers"`` always uses the workers.
-    ``aggregate_inputs``: the gather stage computes the first layer's
-    aggregation (``batch.aggregated``) instead of gathering the input rows (``batch.features``),
-    for models that declare ``accepts_aggregated_inputs``, as ``NodeClassifier`` does (others get
-    ``batch.features`` whatever this says); not with a feature cache. Both modes
-    seed each batch's sampling from (seed, epoch, batch index), so they train on identical
-    batches. Each rank trains on its own disjoint share of the seeds every epoch
-    (``epoch_batches``). ``feature_cache`` (e.g. GNS) is refreshed at every epoch start; its rows
-    are kept on the device and merged into ``batch.features`` before the model sees it.
-
-    Placement (``pipeline/placement.py``): ``sample_on`` / ``features_on`` (``"auto"``, ``"cpu"``,
-    ``"cuda"``) put the graph and the feature matrix in device memory. When sampling resolves to
-    the CUDA device, the ``DeviceResidentLoader`` samples and gathers there on its own stream,
-    whatever ``mode`` says, with a device queue of ``queue_size``; features that do not fit stay
-    in host memory (logged). ``mode="device"`` asks for that loader on the training device
-    whatever it is (on a CPU trainer: the same code on the CPU). ``device_sampler="process"``
-    samples there in ``sampler_processes`` spawned processes, taking the batches in turn, instead
-    of a thread of the training process (``pipeline/sampler_process.py``: sampling no longer
-    shares the training loop's interpreter); resident features without a feature cache only, else
-    the thread.
-
-    ``host_cache_gb``: for features on disk, hold that many GB of the rows batches read most in
-    memory (``pipeline/host_cache.py``; ``host_cache_policy`` ``"walk"`` or ``"degree"``), read
-    from there by the sequential and pipelined loaders' gather stage; 0: the page cache alone.
-    Filled at ``setup``: with several ranks, one tier per machine, read by its local rank 0 and
-    mapped by the others (``shared_host_row_cache``, a collective).
+    Each rank trains on its own disjoint share of the seeds every epoch (``epoch_batches``).
+    ``feature_cache`` (e.g. GNS) is refreshed at every epoch start; its rows are kept on the
+    device and merged into ``batch.features`` before the model sees it. Where the run samples and
+    gathers is decided at the first training loader from the trainer's device
+    (``placement``); a host tier (``host_cache_gb``) is filled at ``setup``.
     """
 
     def __init__(
         self,
         dataset: GraphDataset,
         sampler: Sampler,
+        loader: LoaderSettings | None = None,
         seeds: EdgeSeeds | None = None,
-        batch_size: int = 1024,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        seed: int = 0,
-        mode: str = "sequential",
-        num_workers: int | None = None,
-        queue_size: int | str = "auto",
-        cpu_queue_size: int | None = None,
-        start_method: str = "auto",
-        worker_threads: int = 1,
-        warmup_batches: int = 5,
-        window_batches: int = 20,
-        memory_margin: float = 0.1,
-        producer: str = "auto",
-        aggregate_inputs: bool = False,
         feature_cache: FeatureCache | None = None,
-        sample_on: str = "cpu",
-        features_on: str = "auto",
-        device_sampler: str = "thread",
-        sampler_processes: int = 2,
-        host_cache_gb: float = 0.0,
-        host_cache_policy: str = "walk",
     ):
         super().__init__()
-        if mode not in MODES:
-            raise ValueError(f"loader mode must be one of {MODES}, got {mode!r}")
-        self.mode = mode
-        self.sample_on = check_place("sample_on", sample_on)
-        self.features_on = check_place("features_on", features_on)
-        check_device_sampler(device_sampler, sampler_processes)
-        self.device_sampler = device_sampler
-        self.sampler_processes = sampler_processes
+        settings = loader if loader is not None else LoaderSettings()
+        if settings.host_cache_gb:  # a budget that holds no row of this dataset fails here
+            host_tier_capacity(dataset, settings.host_cache_gb, settings.host_cache_policy)
+        self.settings = settings
         self._placement: Placement | None = None
         self.device_loader: DeviceResidentLoader | None = None
-        self.aggregate_inputs = aggregate_inputs
-        if host_cache_gb and mode == "device":
-            raise ValueError(
-                f"host_cache_gb={host_cache_gb}: the host tier serves the sequential and pipeline "
-                "loaders' gather stage; the device loader gathers on the device"
-            )
-        if host_cache_gb:
-            host_tier_capacity(dataset, host_cache_gb, host_cache_policy)  # bad settings fail here
-        self.host_cache_gb = host_cache_gb
-        self.host_cache_policy = host_cache_policy
         self.seeds = seeds
         self.source = BatchSource(
             dataset,
             sampler if seeds is None else seeds.sampler(sampler, dataset.graph),
-            batch_size,
-            shuffle,
-            drop_last,
-            seed,
-            aggregate_inputs,
+            settings.batch_size,
+            settings.shuffle,
+            settings.drop_last,
+            settings.seed,
+            settings.aggregate_inputs,
             feature_cache=feature_cache,
             seed_ids=None if seeds is None else torch.arange(seeds.num_seeds),
-        )
-        self.settings = PipelineSettings(
-            num_workers,
-            queue_size,
-            cpu_queue_size,
-            start_method,
-            worker_threads,
-            warmup_batches,
-            window_batches,
-            memory_margin,
-            producer,
         )
         self.pipeline_loader: PipelinedLoader | None = None
 
@@ -215,36 +139,38 @@ class MQGNNDataModule(pl.LightningDataModule):
         trainer = self.trainer
         module = trainer.lightning_module if trainer is not None else None
         accepts = module is None or getattr(module, "accepts_aggregated_inputs", False)
-        self.source.aggregate_inputs = self.aggregate_inputs and accepts
+        self.source.aggregate_inputs = self.settings.aggregate_inputs and accepts
 
     def placement(self) -> Placement:
         """Where this fit samples and gathers, decided once from the trainer's device and its
         free memory (``resolve_placement``)."""
         if self._placement is None:
             device = self.epoch_plan().device
+            sample_on = self.settings.sample_on
             placement = resolve_placement(
-                self.source, self.sample_on, self.features_on, device, DEFAULT_MARGIN
+                self.source, sample_on, self.settings.features_on, device, DEFAULT_MARGIN
             )
-            if self.mode == "device" and device.type == "cuda" and not placement.on_device:
+            if self.settings.mode == "device" and device.type == "cuda" and not placement.on_device:
                 raise ValueError(
-                    f"mode='device' samples on {device}, but sample_on={self.sample_on!r} keeps the "
+                    f"mode='device' samples on {device}, but sample_on={sample_on!r} keeps the "
                     f"graph on the CPU ({placement.reason}); use sample_on='cuda' or 'auto'"
                 )
             self._placement = placement
         return self._placement
 
     def uses_device_loader(self) -> bool:
-        return self.mode == "device" or self.placement().on_device
+        return self.settings.mode == "device" or self.placement().on_device
 
     def fill_host_tier(self) -> None:
         """Build the host tier (``host_cache_gb``) once: with several ranks, one per machine,
         filled by its local rank 0 and mapped by the others (``shared_host_row_cache``)."""
-        if not self.host_cache_gb or self.source.host_cache is not None:
+        settings = self.settings
+        if not settings.host_cache_gb or self.source.host_cache is not None:
             return
         fanouts = sampler_fanouts(self.sampler)
 
         def build():
-            return host_row_cache(self.dataset, self.host_cache_gb, self.host_cache_policy, fanouts)
+            return host_row_cache(self.dataset, settings.host_cache_gb, settings.host_cache_policy, fanouts)
 
         trainer = self.trainer
         if trainer is not None and trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
@@ -267,7 +193,7 @@ class MQGNNDataModule(pl.LightningDataModule):
         if self.uses_device_loader():
             return self.train_device_loader()
         self.fill_host_tier()
-        if self.mode == "sequential":
+        if self.settings.mode == "sequential":
             return SequentialLoader(self.source, self.epoch_plan)
         return self.train_pipeline_loader()
 
@@ -278,15 +204,15 @@ class MQGNNDataModule(pl.LightningDataModule):
 
     def train_device_loader(self) -> DeviceResidentLoader:
         if self.device_loader is None:
-            queue_size = self.settings.queue_size
+            settings = self.settings
             self.device_loader = DeviceResidentLoader(
                 self.source,
                 self.placement(),
-                queue_size,
+                settings.queue_size,
                 self.epoch_plan,
-                self.settings.memory_margin,
-                self.device_sampler,
-                self.sampler_processes,
+                settings.memory_margin,
+                settings.device_sampler,
+                settings.sampler_processes,
             )
         return self.device_loader
 
@@ -305,9 +231,9 @@ class MQGNNDataModule(pl.LightningDataModule):
     @override
     def setup(self, stage: str) -> None:
         self.match_module()
-        if stage == "fit" and self.host_cache_gb and not self.uses_device_loader():
+        if stage == "fit" and self.settings.host_cache_gb and not self.uses_device_loader():
             self.fill_host_tier()  # a collective with several ranks: every rank is here
-        if stage == "fit" and self.mode == "pipeline" and not self.uses_device_loader():
+        if stage == "fit" and self.settings.mode == "pipeline" and not self.uses_device_loader():
             # workers fork and sample the first batches while Lightning sets up and sanity-checks
             self.train_pipeline_loader().prime()
 

@@ -69,7 +69,9 @@ from lightning_mqgnn.callbacks import (
     ValidationWorkBudget,
 )
 from lightning_mqgnn.callbacks.last_checkpoint import LAST_CHECKPOINT
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.fullgraph.strategy_base import FullGraphStrategyBase
+from lightning_mqgnn.sampling.edge_seeds import EdgeSeeds
 from lightning_mqgnn.strategy import AtomicCheckpointIO, CheckpointError, MQGNNStrategy, RankFailure
 from lightning_mqgnn.strategy.rank_failure import peer_failed, rank_failure
 
@@ -189,12 +191,15 @@ def train(cfg: DictConfig) -> dict[str, Value]:
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
     world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes) if str(cfg.trainer.devices).isdigit() else 1
     accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
+    # a sampled run's LoaderSettings (checked here), or a full-graph DataModule's partial
     loader = instantiate(cfg.loader)
     full_graph = getattr(make_module.func, "full_graph", False)
-    if full_graph != getattr(loader.func, "full_graph", False):
+    sampled = isinstance(loader, LoaderSettings)
+    if full_graph == sampled:
         raise RecipeError(
-            f"model {cfg.model.name!r} and loader {loader.func.__name__} do not fit: full-graph training "
-            "takes strategy=graph_parallel, pipegcn, pipeqs or gnnpipe, which pick the model and loader"
+            f"model {cfg.model.name!r} and a {'sampled' if sampled else 'full-graph'} loader do not fit: "
+            "full-graph training takes strategy=graph_parallel, pipegcn, pipeqs or gnnpipe, which pick "
+            "the model and loader"
         )
     if isinstance(strategy, MQGNNStrategy):  # the recipe's models optimise automatically
         strategy.check_prediction_applies(True, accumulate)
@@ -500,7 +505,9 @@ def run_length(cfg: DictConfig, batches_per_epoch: int) -> dict:
     return {"max_steps": -1, "max_epochs": cap if epochs < 0 else min(epochs, cap)}
 
 
-def sampled_datamodule(cfg: DictConfig, loader, dataset, module, seeds=None) -> pl.LightningDataModule:
+def sampled_datamodule(
+    cfg: DictConfig, loader: LoaderSettings, dataset, module, seeds: EdgeSeeds | None = None
+) -> pl.LightningDataModule:
     """The mini-batch DataModule: the model config's sampler over ``dataset``, checked against
     the model's layers; ``seeds``: what seeds a batch (None: the training nodes; ``EdgeSeeds``)."""
     sampler = build_sampler(instantiate(cfg.model.sampler), dataset)
@@ -514,9 +521,7 @@ def sampled_datamodule(cfg: DictConfig, loader, dataset, module, seeds=None) -> 
             f"model {cfg.model.name!r}: sampler has {sampler.num_layers} layers, model {len(module.layers)}"
         )
     # a sampler with a feature cache (GNS) shares it with the DataModule, which keeps it on the device
-    return loader(
-        dataset=dataset, sampler=sampler, seeds=seeds, feature_cache=getattr(sampler, "cache", None)
-    )
+    return MQGNNDataModule(dataset, sampler, loader, seeds, feature_cache=getattr(sampler, "cache", None))
 
 
 def recipe_callbacks(

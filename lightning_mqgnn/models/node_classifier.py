@@ -127,7 +127,7 @@ class NodeClassifierBase(pl.LightningModule):
         if batch.aggregated is not None:
             raise ValueError(
                 f"{type(self).__name__} reads input feature rows, but the mini-batch carries its first "
-                "layer's aggregation: build the DataModule with aggregate_inputs=False"
+                "layer's aggregation: build the DataModule with LoaderSettings(aggregate_inputs=False)"
             )
         return self(batch.blocks, batch.input_features())
 

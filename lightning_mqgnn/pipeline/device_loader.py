@@ -46,7 +46,7 @@ from lightning_mqgnn.pipeline.plan import EpochPlan
 from lightning_mqgnn.pipeline.queue_size import AdaptiveQueueSize
 from lightning_mqgnn.pipeline.resident import ResidentGraph, produce_resident
 from lightning_mqgnn.pipeline.sampler_process import SamplerProcesses
-from lightning_mqgnn.pipeline.settings import check_queue_size
+from lightning_mqgnn.pipeline.settings import check_device_sampler, check_queue_size
 from lightning_mqgnn.pipeline.source import BatchSource
 from lightning_mqgnn.pipeline.transfer import DeviceMover, batch_nbytes
 from lightning_mqgnn.sampling.batch import MiniBatch
@@ -54,17 +54,7 @@ from lightning_mqgnn.sampling.feature_cache import resident_rows
 from lightning_mqgnn.sampling.residency import copy_state_, state_nbytes
 
 log = logging.getLogger(__name__)
-DEVICE_SAMPLERS = ("thread", "process")  # where the device-resident producer samples
 SCRATCH_BYTES_PER_NODE = 24  # the samplers' [N] scratch arrays (relabel slots, bitmaps, sums)
-
-
-def check_device_sampler(device_sampler: str, sampler_processes: int) -> None:
-    """``ValueError`` naming the option unless ``device_sampler`` is one of ``DEVICE_SAMPLERS``
-    and ``sampler_processes`` at least 1."""
-    if device_sampler not in DEVICE_SAMPLERS:
-        raise ValueError(f"device_sampler must be one of {DEVICE_SAMPLERS}, got {device_sampler!r}")
-    if sampler_processes < 1:
-        raise ValueError(f"sampler_processes must be >= 1, got {sampler_processes}")
 
 
 def resident_sizes(source: BatchSource) -> tuple[int, int]:

@@ -169,7 +169,7 @@ class MiniBatch:
             if self.aggregated is not None:
                 raise ValueError(
                     "mini-batch carries its first layer's aggregation (batch.aggregated), not feature rows: "
-                    "build the DataModule with aggregate_inputs=False to get batch.features"
+                    "build the DataModule with LoaderSettings(aggregate_inputs=False) to get batch.features"
                 )
             raise ValueError("mini-batch has no gathered features; run the gather stage first")
         if self.cache_slots is None:
@@ -190,7 +190,7 @@ def check_exportable(batch: MiniBatch, reader: str) -> None:
     if batch.aggregated is not None:
         raise ValueError(
             f"mini-batch carries its first layer's aggregation, not the input rows {reader} layers read: "
-            "build the DataModule with aggregate_inputs=False"
+            "build the DataModule with LoaderSettings(aggregate_inputs=False)"
         )
     for i, (lower, upper) in enumerate(zip(batch.blocks, batch.blocks[1:])):
         if lower.num_dst != upper.num_src:

@@ -194,7 +194,7 @@ def _run_worker(args: argparse.Namespace) -> None:
     import lightning.pytorch as pl
 
     from benchmarks._baseline import load_dataset
-    from lightning_mqgnn.data import MQGNNDataModule
+    from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
     from lightning_mqgnn.models import NodeClassifier
     from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
@@ -243,7 +243,9 @@ def _run_worker(args: argparse.Namespace) -> None:
                     multilabel=dataset.multilabel,
                 )
                 sampler = NeighborSampler(dataset.graph, [5, 5])
-                datamodule = MQGNNDataModule(dataset, sampler, batch_size=args.batch_size, seed=seed)
+                datamodule = MQGNNDataModule(
+                    dataset, sampler, LoaderSettings(batch_size=args.batch_size, seed=seed)
+                )
                 trainer.fit(module, datamodule=datamodule)
                 test = trainer.test(module, datamodule=datamodule, verbose=False)[0]["test/metric"]
                 stats = strategy.comm_stats

@@ -48,7 +48,7 @@ from benchmarks._report import attempt, exit_status, machine_header, write_repor
 from benchmarks._sync_census import count_syncs, cuda_sync_count
 from lightning_mqgnn.callbacks import GPUBusyMonitor
 from lightning_mqgnn.callbacks.batch_timer import BatchTimer
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.generated import generate_graph
 from lightning_mqgnn.models import NodeClassifier
@@ -211,7 +211,9 @@ def datamodule(ds: GraphDataset, loader: str, config: dict, batch_size: int, see
         options["num_workers"] = workers
     aggregation = AGGREGATION_OF_CONV[config.get("conv", "sage")]
     sampler = NeighborSampler(ds.graph, config["fanouts"], aggregation)
-    return MQGNNDataModule(ds, sampler, batch_size=batch_size, seed=seed, aggregate_inputs=True, **options)
+    return MQGNNDataModule(
+        ds, sampler, LoaderSettings(batch_size=batch_size, seed=seed, aggregate_inputs=True, **options)
+    )
 
 
 def module_for(ds: GraphDataset, config: dict, seed: int, cuda_graphs: bool = False) -> NodeClassifier:

@@ -35,7 +35,7 @@ import psutil
 import torch
 
 from lightning_mqgnn.callbacks import StageTimingCallback
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models import NodeClassifier
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
@@ -133,10 +133,7 @@ def run_config(
     dm = MQGNNDataModule(
         ds,
         NeighborSampler(ds.graph, fanouts, "mean"),
-        batch_size=args.batch_size,
-        seed=args.seed,
-        num_workers=args.workers,
-        **extra,
+        LoaderSettings(batch_size=args.batch_size, seed=args.seed, num_workers=args.workers, **extra),
     )
     timing = StageTimingCallback(trim=20)
     epochs = args.epochs
@@ -214,11 +211,13 @@ def run_parity(args: argparse.Namespace) -> list[dict]:
             dm = MQGNNDataModule(
                 ds,
                 NeighborSampler(ds.graph, [5, 5], "mean"),
-                batch_size=args.batch_size,
-                seed=args.seed,
-                mode=mode,
-                num_workers=args.workers,
-                producer="workers",
+                LoaderSettings(
+                    batch_size=args.batch_size,
+                    seed=args.seed,
+                    mode=mode,
+                    num_workers=args.workers,
+                    producer="workers",
+                ),
             )
             model = sage(ds, args.hidden, args.seed)
             trainer = trainer_for([], max_epochs=args.epochs, check_val_every_n_epoch=args.epochs)

@@ -78,7 +78,7 @@ def test_batch_timer_and_stage_timing_agree_and_exclude_validation():
     from helpers.pipeline import make_trainer, seeded_module, small_dataset
 
     from lightning_mqgnn.callbacks import BatchTimer, StageTimingCallback
-    from lightning_mqgnn.data import MQGNNDataModule
+    from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
     from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
     pause = 0.5
@@ -93,7 +93,7 @@ def test_batch_timer_and_stage_timing_agree_and_exclude_validation():
 
     model.validation_step = slow_validation
     timer, stages = BatchTimer(trim=0), StageTimingCallback(trim=0)
-    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [3, 3]), batch_size=100)
+    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [3, 3]), LoaderSettings(batch_size=100))
     logger = RecordingLogger()
     trainer = make_trainer(
         [timer, stages],

@@ -17,7 +17,7 @@ from helpers.pipeline import alive, make_trainer, seeded_module, small_dataset
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from lightning_mqgnn.callbacks import LastCheckpoint, Preempted
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.pipeline.plan import EpochPlan, LoaderPosition
 from lightning_mqgnn.pipeline.sequential import SequentialLoader
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
@@ -42,7 +42,9 @@ LOADERS = {  # the DataModule's arguments of each loader variant
 
 
 def datamodule(ds, loader: str) -> MQGNNDataModule:
-    return MQGNNDataModule(ds, NeighborSampler(ds.graph, [4, 4]), batch_size=BATCH_SIZE, **LOADERS[loader])
+    return MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [4, 4]), LoaderSettings(batch_size=BATCH_SIZE, **LOADERS[loader])
+    )
 
 
 class SendSignal(pl.Callback):

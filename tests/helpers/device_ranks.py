@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from helpers.pipeline import make_trainer, seeded_module, small_dataset  # noqa: E402
-from lightning_mqgnn.data import MQGNNDataModule  # noqa: E402
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule  # noqa: E402
 from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader  # noqa: E402
 from lightning_mqgnn.pipeline.plan import EpochPlan  # noqa: E402
 from lightning_mqgnn.pipeline.sequential import SequentialLoader  # noqa: E402
@@ -48,11 +48,9 @@ def main(out_dir: str, device_sampler: str) -> None:
     dm = MQGNNDataModule(
         ds,
         NeighborSampler(ds.graph, [5, 5]),
-        batch_size=100,
-        mode="device",
-        seed=2,
-        aggregate_inputs=True,
-        device_sampler=device_sampler,
+        LoaderSettings(
+            batch_size=100, mode="device", seed=2, aggregate_inputs=True, device_sampler=device_sampler
+        ),
     )
     check = CompareWithSequential()
     trainer = make_trainer([check], max_epochs=2, devices=2, strategy="ddp")

@@ -12,7 +12,7 @@ import psutil
 import pytest
 import torch
 
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.graph.generated import generate_graph
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
@@ -21,14 +21,16 @@ def small_dataset(num_nodes: int = 1500, seed: int = 0):
     return generate_graph("arxiv", seed=seed, num_nodes=num_nodes, num_features=16, num_classes=4)
 
 
-def worker_pipeline(ds, sampler=None, mode: str = "pipeline", **kw) -> MQGNNDataModule:
+def worker_pipeline(ds, sampler=None, mode: str = "pipeline", feature_cache=None, **kw) -> MQGNNDataModule:
     """A pipelined DataModule whose every epoch comes from the sampler workers, for the tests of
     their mechanics (the default producer choice may never start them); ``mode="sequential"``
     gives its twin without a pipeline, for parity tests. ``sampler``: uniform 5,5 node-wise
-    sampling unless given; ``kw`` go to the DataModule (one worker unless they say otherwise)."""
+    sampling unless given; ``feature_cache`` goes to the DataModule, the other ``kw`` to its
+    ``LoaderSettings`` (one worker unless they say otherwise)."""
     sampler = sampler if sampler is not None else NeighborSampler(ds.graph, [5, 5])
     kw.setdefault("num_workers", 1)
-    return MQGNNDataModule(ds, sampler, mode=mode, producer="workers", **kw)
+    settings = LoaderSettings(mode=mode, producer="workers", **kw)
+    return MQGNNDataModule(ds, sampler, settings, feature_cache=feature_cache)
 
 
 class FailInWorkerSampler(NeighborSampler):

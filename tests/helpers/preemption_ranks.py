@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from helpers.pipeline import make_trainer, seeded_module, small_dataset  # noqa: E402
 from lightning_mqgnn.callbacks import LastCheckpoint, Preempted  # noqa: E402
-from lightning_mqgnn.data import MQGNNDataModule  # noqa: E402
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule  # noqa: E402
 from lightning_mqgnn.sampling.neighbor import NeighborSampler  # noqa: E402
 from lightning_mqgnn.strategy import MQGNNStrategy  # noqa: E402
 
@@ -47,7 +47,9 @@ def main(out_dir: str, case: str, phase: str) -> None:
     strategy, mode = CASES[case]
     ds = small_dataset(1200)
     kw = {"num_workers": 1, "producer": "workers"} if mode == "pipeline" else {}
-    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [4, 4]), batch_size=64, mode=mode, seed=2, **kw)
+    dm = MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [4, 4]), LoaderSettings(batch_size=64, mode=mode, seed=2, **kw)
+    )
     root = os.path.join(out_dir, "through" if phase == "through" else "run")
     callbacks = [
         LastCheckpoint(root, every_s=0),

@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from helpers.pipeline import make_trainer, seeded_module, small_dataset  # noqa: E402
-from lightning_mqgnn.data import MQGNNDataModule  # noqa: E402
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule  # noqa: E402
 from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader  # noqa: E402
 from lightning_mqgnn.sampling.neighbor import NeighborSampler  # noqa: E402
 from lightning_mqgnn.strategy import MQGNNStrategy  # noqa: E402
@@ -35,7 +35,9 @@ def main(out_dir: str, device: str, staleness: str) -> None:
     torch.set_num_threads(1)
     ds = small_dataset(1200)
     dm = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=100, mode="device", seed=2, sample_on=device
+        ds,
+        NeighborSampler(ds.graph, [5, 5]),
+        LoaderSettings(batch_size=100, mode="device", seed=2, sample_on=device),
     )
     record = Record()
     # sync_period=1: the ranks hold the same weights after every step at staleness 1 too; weight

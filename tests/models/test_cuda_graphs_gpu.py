@@ -6,7 +6,7 @@ import torch
 from helpers.devices import require_cuda
 from helpers.pipeline import make_trainer, small_dataset
 
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.models import NodeClassifier
 from lightning_mqgnn.models.cuda_graphs import bucket_of
 from lightning_mqgnn.pipeline.produce import produce_batch
@@ -84,7 +84,9 @@ def test_a_cuda_fit_with_dropout_learns_from_graphed_steps(ds):
     model = NodeClassifier(
         ds.num_features, ds.num_classes, conv="sage", hidden=32, dropout=0.5, lr=1e-2, cuda_graphs=True
     )
-    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=0, aggregate_inputs=True)
+    dm = MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [5, 5]), LoaderSettings(batch_size=128, seed=0, aggregate_inputs=True)
+    )
     trainer = make_trainer(accelerator="gpu", max_epochs=4, limit_val_batches=0, log_every_n_steps=1)
     trainer.fit(model, dm)
     assert model._graph_steps.num_graphs >= 1
@@ -102,10 +104,7 @@ def test_graphs_are_captured_while_a_device_resident_producer_samples(ds):
     dm = MQGNNDataModule(
         ds,
         NeighborSampler(ds.graph, [5, 5]),
-        batch_size=128,
-        mode="device",
-        sample_on="auto",
-        aggregate_inputs=True,
+        LoaderSettings(batch_size=128, mode="device", sample_on="auto", aggregate_inputs=True),
     )
     trainer = make_trainer(accelerator="gpu", max_epochs=3, limit_val_batches=0, log_every_n_steps=1)
     trainer.fit(model, dm)

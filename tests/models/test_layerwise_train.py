@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers.recipe import recipe_config
 
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.models import NodeClassifier
@@ -57,7 +57,7 @@ def cora(served_data_root) -> GraphDataset:
 def fit_and_validate(ds: GraphDataset, sampler, conv: str, lr: float = 1e-2) -> float:
     pl.seed_everything(0)
     module = NodeClassifier(ds.num_features, ds.num_classes, conv=conv, hidden=64, dropout=0.2, lr=lr)
-    dm = MQGNNDataModule(ds, sampler, batch_size=140, seed=0)  # the whole training split
+    dm = MQGNNDataModule(ds, sampler, LoaderSettings(batch_size=140, seed=0))  # the whole training split
     trainer = pl.Trainer(
         max_steps=20,
         accelerator="cpu",

@@ -158,11 +158,13 @@ def test_a_cpu_fit_in_bf16_mixed_precision_learns(conv):
     places it): the loss stays finite and validation accuracy beats chance clearly."""
     from helpers.pipeline import make_trainer, small_dataset
 
-    from lightning_mqgnn.data import MQGNNDataModule
+    from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 
     ds = small_dataset(800)
     dm = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [5, 5], "mean" if conv == "sage" else "gcn"), batch_size=64
+        ds,
+        NeighborSampler(ds.graph, [5, 5], "mean" if conv == "sage" else "gcn"),
+        LoaderSettings(batch_size=64),
     )
     torch.manual_seed(0)
     model = NodeClassifier(ds.num_features, ds.num_classes, conv=conv, hidden=64, lr=1e-2)
@@ -179,7 +181,7 @@ def test_lightning_hook_names_bypass_module_setattr(monkeypatch):
     through ``nn.Module.__setattr__``, and ``self.log`` (which reads the name) still logs."""
     from helpers.pipeline import make_trainer, small_dataset
 
-    from lightning_mqgnn.data import MQGNNDataModule
+    from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
     from lightning_mqgnn.models.node_classifier import HOOK_NAME_ATTRIBUTE
 
     written = []
@@ -190,7 +192,7 @@ def test_lightning_hook_names_bypass_module_setattr(monkeypatch):
         module_setattr(self, name, value)
 
     ds = small_dataset(400)
-    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [3, 3], "mean"), batch_size=64)
+    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [3, 3], "mean"), LoaderSettings(batch_size=64))
     model = NodeClassifier(ds.num_features, ds.num_classes, hidden=16)
     monkeypatch.setattr(torch.nn.Module, "__setattr__", counting_setattr)
     trainer = make_trainer([], max_steps=4, log_every_n_steps=1)
@@ -362,7 +364,7 @@ def test_a_fit_makes_the_sparse_features_with_the_data_before_the_first_validati
     validation uses that copy."""
     from helpers.pipeline import make_trainer
 
-    from lightning_mqgnn.data import MQGNNDataModule
+    from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 
     ds = bag_of_words_dataset()
     seen = {}
@@ -372,7 +374,7 @@ def test_a_fit_makes_the_sparse_features_with_the_data_before_the_first_validati
             inference = pl_module._inference
             seen["csr"] = None if inference is None else inference.__dict__.get("_sparse_features")
 
-    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [3, 3], "mean"), batch_size=64)
+    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [3, 3], "mean"), LoaderSettings(batch_size=64))
     model = NodeClassifier(ds.num_features, ds.num_classes, hidden=16)
     trainer = make_trainer(
         [AtTrainingStart()], max_steps=2, limit_val_batches=1.0, val_check_interval=1, num_sanity_val_steps=0

@@ -18,7 +18,7 @@ from helpers.pipeline import (
     small_dataset,
 )
 
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader, resident_sizes
 from lightning_mqgnn.pipeline.sequential import SequentialLoader
 from lightning_mqgnn.pipeline.source import BatchSource
@@ -149,7 +149,9 @@ def test_datamodule_device_mode_trains_like_the_sequential_mode(ds):
     weights = {}
     for mode in ("sequential", "device"):
         dm = MQGNNDataModule(
-            ds, NeighborSampler(ds.graph, [5, 5]), batch_size=256, seed=7, mode=mode, aggregate_inputs=True
+            ds,
+            NeighborSampler(ds.graph, [5, 5]),
+            LoaderSettings(batch_size=256, seed=7, mode=mode, aggregate_inputs=True),
         )
         module = seeded_module(ds)
         make_trainer(max_epochs=2).fit(module, dm)
@@ -163,7 +165,7 @@ def test_datamodule_device_mode_trains_like_the_sequential_mode(ds):
 
 
 def test_an_error_inside_fit_stops_the_producer(ds):
-    dm = MQGNNDataModule(ds, FailingSampler(ds.graph, 4), batch_size=100, mode="device")
+    dm = MQGNNDataModule(ds, FailingSampler(ds.graph, 4), LoaderSettings(batch_size=100, mode="device"))
     with pytest.raises(RuntimeError, match="device-resident sampling failed"):
         make_trainer(max_epochs=1).fit(seeded_module(ds), dm)
     assert sampler_threads() == []
@@ -171,14 +173,11 @@ def test_an_error_inside_fit_stops_the_producer(ds):
 
 def test_placement_options_are_checked(ds):
     s = NeighborSampler(ds.graph, [5, 5])
-    with pytest.raises(ValueError, match="sample_on"):
-        MQGNNDataModule(ds, s, sample_on="gpu")
-    with pytest.raises(ValueError, match="features_on"):
-        MQGNNDataModule(ds, s, features_on="device")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="sample_on='cuda'.*no CUDA"):
-            MQGNNDataModule(ds, s, sample_on="cuda").train_dataloader()
-    dm = MQGNNDataModule(ds, s, mode="pipeline", sample_on="auto")  # auto on a CPU trainer: CPU sampling
+            MQGNNDataModule(ds, s, LoaderSettings(sample_on="cuda")).train_dataloader()
+    # auto on a CPU trainer: CPU sampling
+    dm = MQGNNDataModule(ds, s, LoaderSettings(mode="pipeline", sample_on="auto"))
     assert not dm.placement().on_device and not dm.uses_device_loader()
 
 
@@ -201,7 +200,9 @@ def test_an_error_in_the_training_step_stops_the_producer(ds):
 
     torch.manual_seed(0)
     module = FailingStep(ds.num_features, ds.num_classes, conv="sage", hidden=16)
-    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64, mode="device", queue_size=1)
+    dm = MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [5, 5]), LoaderSettings(batch_size=64, mode="device", queue_size=1)
+    )
     with pytest.raises(ValueError, match="injected training failure"):
         make_trainer(max_epochs=1).fit(module, dm)
     assert sampler_threads() == []

@@ -9,7 +9,7 @@ import torch
 from helpers.devices import require_cuda
 from helpers.pipeline import make_trainer, seeded_module, small_dataset
 
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.graph.ondisk import open_dataset, write_dataset
 from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader
 from lightning_mqgnn.pipeline.placement import Placement
@@ -97,7 +97,9 @@ def test_host_gathered_features_and_the_gns_cache_merge_on_the_gpu(ds):
 
 def test_fit_samples_on_the_gpu_under_auto_placement(ds):
     dm = MQGNNDataModule(
-        ds, NeighborSampler(ds.graph, [5, 5]), batch_size=256, mode="pipeline", sample_on="auto"
+        ds,
+        NeighborSampler(ds.graph, [5, 5]),
+        LoaderSettings(batch_size=256, mode="pipeline", sample_on="auto"),
     )
     make_trainer(max_epochs=2, accelerator="gpu", devices=1).fit(seeded_module(ds), dm)
     assert dm.placement().on_device and dm.placement().features_resident
@@ -143,10 +145,7 @@ def test_fit_with_the_sampler_process_on_the_gpu(ds):
     dm = MQGNNDataModule(
         ds,
         NeighborSampler(ds.graph, [5, 5]),
-        batch_size=256,
-        mode="device",
-        sample_on="auto",
-        device_sampler="process",
+        LoaderSettings(batch_size=256, mode="device", sample_on="auto", device_sampler="process"),
     )
     make_trainer(max_epochs=2, accelerator="gpu", devices=1).fit(seeded_module(ds), dm)
     assert dm.device_loader.process is None and not dm.device_loader.producer_alive()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers.pipeline import live_children, make_trainer, seeded_module, small_dataset
 
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.pipeline import (
     BatchSource,
     EpochPlan,
@@ -45,7 +45,9 @@ def assert_same(a, b):
 def test_loader_without_lightning_yields_the_datamodules_batches(ds, mode):
     before = live_children()
     settings = dict(num_workers=1, producer="workers")
-    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=200, seed=7, mode=mode, **settings)
+    dm = MQGNNDataModule(
+        ds, NeighborSampler(ds.graph, [5, 5]), LoaderSettings(batch_size=200, seed=7, mode=mode, **settings)
+    )
     rec = Record()
     make_trainer([rec], max_epochs=EPOCHS).fit(seeded_module(ds), dm)
 

@@ -7,7 +7,7 @@ from helpers.devices import require_cuda
 from helpers.pipeline import make_trainer, small_dataset, worker_pipeline
 
 from lightning_mqgnn.callbacks import GPUBusyMonitor, StageTimingCallback
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.models import NodeClassifier
 from lightning_mqgnn.pipeline.loader import PipelinedLoader
 from lightning_mqgnn.pipeline.plan import EpochPlan
@@ -29,7 +29,7 @@ def ds():
 
 
 def test_side_stream_copy_is_complete_after_hand_over(ds):
-    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128)
+    dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), LoaderSettings(batch_size=128))
     cpu = next(iter(SequentialLoader(dm.source)))
     mover = DeviceMover("cuda")
     dev, event = mover.to_device(cpu)
@@ -41,7 +41,7 @@ def test_side_stream_copy_is_complete_after_hand_over(ds):
 
 
 def test_pipeline_delivers_device_batches_equal_to_the_sequential_ones(ds):
-    seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=4)
+    seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), LoaderSettings(batch_size=128, seed=4))
     source = BatchSource(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=4)
     settings = PipelineSettings(num_workers=1, producer="workers")
     loader = PipelinedLoader(source, settings, EpochPlan(device=torch.device("cuda"), max_epochs=1))

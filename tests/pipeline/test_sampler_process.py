@@ -25,7 +25,7 @@ from helpers.pipeline import (
 )
 
 from lightning_mqgnn import SAMPLER_PROCESS_NAME
-from lightning_mqgnn.data import MQGNNDataModule
+from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.pipeline.device_loader import DeviceResidentLoader
 from lightning_mqgnn.pipeline.sequential import SequentialLoader
 from lightning_mqgnn.pipeline.source import BatchSource
@@ -105,11 +105,9 @@ def test_fit_with_the_sampler_process_trains_like_the_thread(ds):
         dm = MQGNNDataModule(
             ds,
             NeighborSampler(ds.graph, [5, 5]),
-            batch_size=256,
-            seed=7,
-            mode="device",
-            aggregate_inputs=True,
-            device_sampler=device_sampler,
+            LoaderSettings(
+                batch_size=256, seed=7, mode="device", aggregate_inputs=True, device_sampler=device_sampler
+            ),
         )
         module = seeded_module(ds)
         make_trainer(max_epochs=2).fit(module, dm)
@@ -130,14 +128,10 @@ def test_a_feature_cache_keeps_the_thread_and_says_so(ds, caplog):
     dev.shutdown()
 
 
-def test_the_device_sampler_option_is_checked(ds):
+def test_the_device_loader_checks_its_sampler_option(ds):
     sampler = NeighborSampler(ds.graph, [5, 5])
-    with pytest.raises(ValueError, match="device_sampler must be one of .*'subprocess'"):
-        MQGNNDataModule(ds, sampler, mode="device", device_sampler="subprocess")
     with pytest.raises(ValueError, match="device_sampler must be one of"):
         DeviceResidentLoader(BatchSource(ds, sampler), device_sampler="")
-    with pytest.raises(ValueError, match="sampler_processes must be >= 1, got 0"):
-        MQGNNDataModule(ds, sampler, mode="device", device_sampler="process", sampler_processes=0)
 
 
 def test_a_process_with_the_sampler_name_samples_without_importing_lightning():

@@ -482,6 +482,9 @@ def test_settings_wrong_in_themselves_are_one_error_line_before_the_dataset_load
     proc = run_recipe(tmp_path, *missing, "strategy=mqgnn", "+trainer.accumulate_grad_batches=2")
     line = assert_one_error_line(proc, "predict_weights=True with accumulate_grad_batches=2")
     assert "missing" not in line
+    proc = run_recipe(tmp_path, *missing, "loader=pipeline", "loader.num_workers=0")
+    line = assert_one_error_line(proc, "num_workers must be >= 1 (or None for auto), got 0")
+    assert "missing" not in line
 
 
 @pytest.mark.slow  # six rank processes each import the stack

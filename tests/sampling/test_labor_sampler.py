@@ -337,7 +337,7 @@ class Capture(pl.Callback):
 
 @pytest.mark.parametrize("gns", [False, True])
 def test_pipeline_workers_produce_the_sequential_batches(gns):
-    from lightning_mqgnn.data import MQGNNDataModule
+    from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 
     ds = small_dataset()
     out = {}
@@ -348,7 +348,9 @@ def test_pipeline_workers_produce_the_sequential_batches(gns):
             sampler = GNSSampler(ds.graph, [5, 5], cache, sampling="labor", importance_sampling=-1)
         else:
             sampler = LaborSampler(ds.graph, [5, 5], "mean", importance_sampling=-1)
-        dm = MQGNNDataModule(ds, sampler, batch_size=256, mode=mode, num_workers=1, feature_cache=cache)
+        dm = MQGNNDataModule(
+            ds, sampler, LoaderSettings(batch_size=256, mode=mode, num_workers=1), feature_cache=cache
+        )
         cap = Capture()
         model = seeded_module(ds, seed=3)
         make_trainer([cap], max_epochs=2).fit(model, dm)
