@@ -186,6 +186,11 @@ def train(cfg: DictConfig) -> dict[str, Value]:
     # everything the configuration alone decides is built and checked before the dataset loads,
     # which takes minutes on a large graph
     make_module = instantiate(cfg.model.module)  # a partial: the dataset gives its sizes
+    link = cfg.task.name == "link"
+    if link and getattr(make_module.func, "full_graph", False):
+        raise RecipeError(
+            "task=link trains sampled edge batches: the full-graph strategies train node classification"
+        )
     check_module_arguments(cfg.model.name, make_module)
     # a strategy config is either a Lightning registry name ({name: ddp}) or a _target_ to build
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
@@ -208,17 +213,13 @@ def train(cfg: DictConfig) -> dict[str, Value]:
     if ckpt_path is not None:
         check_resumable(cfg, ckpt_path, full_graph)
     dataset = instantiate(cfg.data)
-    print(dataset.summary(), flush=True)
-    link = cfg.task.name == "link"
-    if link and full_graph:
-        raise RecipeError(
-            "task=link trains sampled edge batches: the full-graph strategies train node classification"
-        )
     seeds = None
     if link:  # the dataset over the training graph, and the split's edges as the batches' seeds
         dataset, seeds = instantiate(cfg.task.seeds)(dataset=dataset)
+        print(seeds.summary(dataset), flush=True)
         module = make_module(in_dim=dataset.num_features)
     else:
+        print(dataset.summary(), flush=True)
         module = make_module(
             in_dim=dataset.num_features,
             num_classes=dataset.num_classes,

@@ -63,6 +63,8 @@ class LinkPredictor(NodeClassifier):
     The encoder is ``NodeClassifier``'s, trained on batches of ``EdgeSeeds``: any sampler, any
     loader, the first layer aggregated in the gather stage or not."""
 
+    SCORED_PAIRS = 65_536
+
     def __init__(
         self,
         in_dim: int,
@@ -105,6 +107,14 @@ class LinkPredictor(NodeClassifier):
         """The decoder's logit for each pair (``[2, P]`` rows of ``embeddings``)."""
         return self.decoder(embeddings.index_select(0, pairs[0]), embeddings.index_select(0, pairs[1]))
 
+    def score_in_chunks(self, embeddings: Tensor, pairs: Tensor) -> Tensor:
+        """``score`` over ``SCORED_PAIRS`` pairs at a time: an evaluation split's pairs (100
+        negatives per positive for MRR) would otherwise gather two embeddings each at once."""
+        chunks = pairs.split(self.SCORED_PAIRS, dim=1)
+        return (
+            torch.cat([self.score(embeddings, chunk) for chunk in chunks]) if chunks else pairs.new_zeros(0)
+        )
+
     @override
     def training_step(self, batch: MiniBatch, batch_idx: int) -> Tensor:
         if batch.pairs is None:
@@ -138,13 +148,16 @@ class LinkPredictor(NodeClassifier):
                 "(build the DataModule with seeds=EdgeSeeds(...))"
             )
         h = self._full_graph_logits(batch)
-        pos, neg = self.score(h, batch.pos.to(h.device)), self.score(h, batch.neg.to(h.device))
+        pos, neg = (
+            self.score_in_chunks(h, batch.pos.to(h.device)),
+            self.score_in_chunks(h, batch.neg.to(h.device)),
+        )
         self.log(f"{split}/metric", hits_at_k(pos, neg, self.hits_k), prog_bar=True, batch_size=pos.numel())
         self.log(f"{split}/auc", roc_auc(pos, neg), batch_size=pos.numel())
         if batch.neg_per_source is not None:
             per_source = batch.neg_per_source.to(h.device)
             sources = batch.pos[0].to(h.device).unsqueeze(1).expand_as(per_source)
-            neg_rows = self.score(h, torch.stack([sources.reshape(-1), per_source.reshape(-1)]))
+            neg_rows = self.score_in_chunks(h, torch.stack([sources.reshape(-1), per_source.reshape(-1)]))
             self.log(f"{split}/mrr", mrr(pos, neg_rows.view(per_source.shape)), batch_size=pos.numel())
 
     @override

@@ -10,7 +10,7 @@ labels ride along in ``MiniBatch.pairs`` and ``MiniBatch.pair_labels``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Protocol
 
 import torch
@@ -25,6 +25,12 @@ from lightning_mqgnn.sampling.base import Sampler
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
 
 EXCLUDE = ("none", "self", "reverse")
+
+
+def describe(negatives: object) -> str:
+    """A negative sampler as its dataclass fields say, e.g. ``UniformNegatives(k=1, strict=False)``."""
+    shown = [f.name for f in fields(negatives) if f.init] if is_dataclass(negatives) else []
+    return f"{type(negatives).__name__}({', '.join(f'{name}={getattr(negatives, name)!r}' for name in shown)})"
 
 
 class NegativeSampler(Protocol):
@@ -59,6 +65,24 @@ class EdgeSeeds:
     @property
     def num_seeds(self) -> int:
         return int(self.edges.shape[1])
+
+    def summary(self, dataset: GraphDataset) -> str:
+        """One line: the graph messages pass over, and the split's edges and negatives."""
+        split = self.split
+
+        def held_out(name: str) -> str:
+            per_source = getattr(split, f"{name}_neg_per_source")
+            own = "" if per_source is None else f", {per_source.shape[1]} own negatives each"
+            pos, neg = getattr(split, f"{name}_pos"), getattr(split, f"{name}_neg")
+            return f"{pos.shape[1]:,} positives / {neg.shape[1]:,} negatives{own}"
+
+        kind = "undirected" if split.undirected else "directed"
+        return (
+            f"{dataset.name}: {dataset.num_nodes:,} nodes, {dataset.num_features} features; link split: "
+            f"{self.num_seeds:,} {kind} training edges ({dataset.graph.num_edges:,} directed edges pass "
+            f"messages), validation {held_out('val')}, test {held_out('test')}; {describe(self.negatives)} "
+            f"per batch, exclude {self.exclude}"
+        )
 
     def sampler(self, nodes: Sampler, graph: CSRGraph) -> EdgeSampler:
         """``nodes`` sampling the blocks of these edges' batches over ``graph``."""
