@@ -1,10 +1,11 @@
-"""Write a dataset to disk: ``python recipes/convert.py data=products_like_1m out=/data/products_1m``.
+"""Write a dataset to disk: ``mqgnn-convert data=products_like_1m out=/data/products_1m`` (from a
+clone: ``python recipes/convert.py ...``).
 
 ``features_dtype=float16`` (or ``bfloat16``) stores the features in half the bytes; training
 widens the rows it reads to float32 (``lightning_mqgnn.graph.feature_dtypes``).
 
-Loads what ``recipes/train.py data=<same>`` trains on (any data config: generated, npz, OGB,
-named) and writes it in the on-disk layout (``lightning_mqgnn.graph.ondisk``); ``recipes/train.py
+Loads what ``mqgnn-train data=<same>`` trains on (any data config: generated, npz, OGB,
+named) and writes it in the on-disk layout (``lightning_mqgnn.graph.ondisk``); ``mqgnn-train
 data=ondisk data.path=<out>`` then trains on it memory-mapped. A generated graph (``data=generated``
 and the ``*_like`` configs) is written as it is drawn (``write_generated_graph``): its feature
 matrix is never in memory. Prints one line: what was written, how fast (loading or generating
@@ -23,11 +24,12 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from train import config_error_line, exit_on_unknown_config_names
 
 from lightning_mqgnn.graph.feature_dtypes import check_feature_dtype
 from lightning_mqgnn.graph.generated import write_generated_graph
 from lightning_mqgnn.graph.ondisk import Manifest, OnDiskError, open_dataset, write_dataset
+from lightning_mqgnn.recipe import CONF
+from lightning_mqgnn.recipe.train import config_error_line, exit_on_unknown_config_names
 
 GENERATED = "lightning_mqgnn.graph.generated.generate_graph"
 
@@ -56,7 +58,7 @@ def convert(cfg: DictConfig) -> str:
     )
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="convert")
+@hydra.main(version_base="1.3", config_path=str(CONF), config_name="convert")
 def main(cfg: DictConfig) -> None:
     try:
         print(convert(cfg), flush=True)
@@ -71,6 +73,12 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``mqgnn-convert`` command (and ``recipes/convert.py`` in a clone): the command line's
+    config names and keys checked, then the Hydra run."""
     exit_on_unknown_config_names(sys.argv[1:], "convert")
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,10 +1,11 @@
-"""Summarise the recipe's runs under a folder: ``python recipes/summarize.py <folder> [--table test]``.
+"""Summarise the recipe's runs under a folder: ``mqgnn-summarize <folder> [--table test]`` (from a
+clone: ``python recipes/summarize.py ...``).
 
 Reads every ``result.json`` under the folder (a ``seeds=`` run, a ``-m`` sweep, or ``outputs/``),
 pools the runs that differ only in their seed, prints one SUMMARY line per configuration (mean ±
 sample std of each numeric RESULT field) and writes ``summary.csv`` and ``summary.json`` in the
 folder; ``--table FIELD`` prints that field as a table of models by datasets. A ``-m`` sweep of
-``recipes/train.py`` ends with the same summary of its folder (``SweepSummary``).
+``mqgnn-train`` ends with the same summary of its folder (``SweepSummary``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,16 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
-from seed_runs import Summary, find_results, group_by_configuration, summary_line, table, write_summaries
 from typing_extensions import override
+
+from lightning_mqgnn.recipe.seed_runs import (
+    Summary,
+    find_results,
+    group_by_configuration,
+    summary_line,
+    table,
+    write_summaries,
+)
 
 
 def summarize_folder(folder: Path) -> list[Summary]:
@@ -41,7 +50,7 @@ class SweepSummary(Callback):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="summarize.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="searched for result.json files, at any depth")
     parser.add_argument(
         "--table", action="append", default=[], metavar="FIELD", help="a RESULT field (test, val, ...)"
@@ -55,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     summaries = summarize_folder(args.folder)
     if not summaries:
         print(
-            f"error: no result.json under {args.folder} (each run of recipes/train.py writes one)",
+            f"error: no result.json under {args.folder} (each run of mqgnn-train or recipes/train.py writes one)",
             file=sys.stderr,
         )
         return 2
@@ -81,5 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``mqgnn-summarize`` command (and ``recipes/summarize.py`` in a clone)."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,4 +1,5 @@
-"""Train a node classifier: ``python recipes/train.py model=sage data=cora [key=value ...]``.
+"""Train a node classifier: ``mqgnn-train model=sage data=cora [key=value ...]`` (from a clone:
+``python recipes/train.py ...``).
 
 Prints the best validation metric, the test metric of the best-validation checkpoint, the paper's
 batch time, the training time and every rank's peak memory. Bad input ends with one ``error:`` line and exit code 2.
@@ -38,21 +39,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from seed_runs import (
-    RESULT_FILE,
-    RunResult,
-    Value,
-    configuration,
-    read_result,
-    result_fields,
-    seed_folder,
-    seed_list,
-    seeds_as_list,
-    summarize,
-    summary_line,
-    write_result,
-    write_summaries,
-)
 from typing_extensions import override
 
 from lightning_mqgnn.callbacks import (
@@ -70,11 +56,25 @@ from lightning_mqgnn.callbacks import (
 )
 from lightning_mqgnn.callbacks.last_checkpoint import LAST_CHECKPOINT
 from lightning_mqgnn.fullgraph.strategy_base import FullGraphStrategyBase
+from lightning_mqgnn.recipe import CONF
+from lightning_mqgnn.recipe.seed_runs import (
+    RESULT_FILE,
+    RunResult,
+    Value,
+    configuration,
+    read_result,
+    result_fields,
+    seed_folder,
+    seed_list,
+    seeds_as_list,
+    summarize,
+    summary_line,
+    write_result,
+    write_summaries,
+)
 from lightning_mqgnn.strategy import AtomicCheckpointIO, CheckpointError, MQGNNStrategy, RankFailure
 from lightning_mqgnn.strategy.rank_failure import peer_failed, rank_failure
 
-REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "conf"
 RUN_CONFIG = "run_config.yaml"  # the config a run started with, in its folder beside checkpoints/
 
 
@@ -576,7 +576,7 @@ def datamodule_batches(datamodule, world_size: int) -> int:
     return num_batches(n, datamodule.batch_size, world_size, datamodule.drop_last)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
         run(cfg)
@@ -732,7 +732,13 @@ def exit_on_unknown_config_names(argv: list[str], config_name: str = "config") -
         sys.exit(2)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``mqgnn-train`` command (and ``recipes/train.py`` in a clone): the command line's
+    ``seeds=`` as a list and its config names and keys checked, then the Hydra run."""
     sys.argv[1:] = seeds_as_list(sys.argv[1:])
     exit_on_unknown_config_names(sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    cli()
