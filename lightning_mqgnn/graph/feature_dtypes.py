@@ -75,9 +75,13 @@ def narrowed(chunk: np.ndarray, name: str, first_row: int = 0) -> np.ndarray:
             f"beyond the range of {name}; store the features as "
             + ("float32 or bfloat16" if name == "float16" else "float32")
         )
-    return out.view(torch.uint16).numpy() if name == "bfloat16" else out.numpy()
+    # the words through int16: torch has no uint16 tensors before 2.3
+    return out.view(torch.int16).numpy().view(np.uint16) if name == "bfloat16" else out.numpy()
 
 
-def as_stored(t: Tensor, name: str) -> Tensor:
-    """A tensor over the words of a mapped ``storage_dtype(name)`` array, as dtype ``name``."""
-    return t.view(torch.bfloat16) if name == "bfloat16" else t
+def as_stored(array: np.ndarray, name: str) -> Tensor:
+    """A tensor over the words of a mapped ``storage_dtype(name)`` array, as dtype ``name`` (the
+    bfloat16 words through int16: torch has no uint16 tensors before 2.3)."""
+    if name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)

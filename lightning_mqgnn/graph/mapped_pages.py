@@ -42,7 +42,6 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-import torch
 from torch import Tensor
 
 from lightning_mqgnn.graph.feature_dtypes import as_stored, storage_dtype
@@ -113,7 +112,7 @@ def read_rows(t: Tensor, start: int, end: int, keep_cached: bool = True) -> Tens
         array = np.fromfile(f, dtype=dtype, count=count)
         if not keep_cached and t.data_ptr() in _random_mappings:
             os.posix_fadvise(f.fileno(), first, count * dtype.itemsize, os.POSIX_FADV_DONTNEED)
-    return as_stored(torch.from_numpy(array.reshape((end - start, *source.shape[1:]))), source.dtype)
+    return as_stored(array.reshape((end - start, *source.shape[1:])), source.dtype)
 
 
 def mapped_source(t: Tensor | None) -> MappedArray | None:
@@ -153,7 +152,7 @@ def map_array(path: Path, offset: int, dtype: str, shape: tuple[int, ...]) -> Te
         _maps.add(mapping)
     count = int(np.prod(shape, dtype=np.int64))
     array = np.frombuffer(mapping, dtype=storage_dtype(dtype), count=count, offset=offset).reshape(shape)
-    tensor = as_stored(torch.from_numpy(array), dtype)
+    tensor = as_stored(array, dtype)
     address = tensor.data_ptr()
     _sources[address] = MappedArray(Path(path), offset, dtype, tuple(shape))
     if random_access:

@@ -24,6 +24,7 @@ from lightning_mqgnn.graph.generated import generate_graph
 from lightning_mqgnn.graph.npz import load_npz
 from lightning_mqgnn.graph.registry import dataset_file
 from lightning_mqgnn.models.metrics import make_metric, metric_input
+from lightning_mqgnn.recipe import CONF
 
 REPO = Path(__file__).resolve().parents[2]
 TRIM = 20  # the paper drops the first and last 20 batch timings
@@ -36,12 +37,12 @@ def trimmed_mean(times: Sequence[float], trim: int = TRIM) -> float:
 
 
 def load_dataset(spec: str, scale: float = 1.0, seed: int = 0) -> GraphDataset:
-    """``NAME`` of a Hydra data config (``conf/data/NAME.yaml``: the very loader call, feature
+    """``NAME`` of a Hydra data config (``lightning_mqgnn/conf/data/NAME.yaml``: the very loader call, feature
     reduction included, that ``recipes/train.py data=NAME`` makes, so every system trains on
     identical features), a path to an ``.npz`` (``load_npz`` defaults), or ``generated:PRESET``."""
     if spec.startswith("generated:"):
         return generate_graph(spec.split(":", 1)[1], scale=scale, seed=seed)
-    if (REPO / "conf" / "data" / f"{spec}.yaml").exists():
+    if (CONF / "data" / f"{spec}.yaml").exists():
         return load_data_config(spec)
     path = Path(spec)
     if path.suffix != ".npz":

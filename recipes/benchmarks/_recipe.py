@@ -5,9 +5,8 @@ overrides that give one model another's network."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+from lightning_mqgnn.recipe import CONF
 
 
 def fixed_epochs_overrides(epochs: int) -> list[str]:
@@ -35,7 +34,7 @@ def epoch_seconds(fields: dict[str, str]) -> float:
 
 
 def recipe_config(overrides: list[str]):
-    """The recipe's configuration (``conf/config.yaml``) composed with ``overrides``, as
+    """The recipe's configuration (``lightning_mqgnn/conf/config.yaml``) composed with ``overrides``, as
     ``recipes/train.py`` would run it."""
     from hydra import compose, initialize_config_dir
 

@@ -77,12 +77,12 @@ LOADERS = {
 }
 
 
-CENSUS = {  # samplers whose host syncs are counted (conf/model sizes)
+CENSUS = {  # samplers whose host syncs are counted (lightning_mqgnn/conf/model sizes)
     "sage 15,10,5": lambda g, t: NeighborSampler(g, [5, 10, 15], "mean"),
     "gcn 5,5": lambda g, t: NeighborSampler(g, [5, 5], "gcn"),
     "fastgcn_fd 1024,512": lambda g, t: FastGCNSampler(g, [1024, 512], flat=True, debias=True),
     "ladies_fd 1024,512": lambda g, t: LADIESSampler(g, [1024, 512], flat=True, debias=True),
-    "sage_gns 5,5": lambda g, t: GNSSampler(  # as conf/model/sage_gns.yaml
+    "sage_gns 5,5": lambda g, t: GNSSampler(  # as lightning_mqgnn/conf/model/sage_gns.yaml
         g,
         [5, 5],
         GNSCache(g, t, fraction=0.01, fanouts=(5, 5)),

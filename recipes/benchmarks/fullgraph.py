@@ -42,7 +42,7 @@ MODES = {  # name: FullGraphStrategy arguments
 
 
 def load_dataset(name: str, products_scale: float):
-    """The recipe's ``conf/data/<name>.yaml`` (coauthor_physics: its 1,024 most frequent
+    """The recipe's ``lightning_mqgnn/conf/data/<name>.yaml`` (coauthor_physics: its 1,024 most frequent
     columns), products_like at ``products_scale``."""
     from hydra.utils import instantiate
 

@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve()
 
 
 def sampler_config(model: str, extra: list[str]):
-    """The sampler partial of ``conf/model/<model>.yaml`` with the ``model.*`` overrides among
+    """The sampler partial of ``lightning_mqgnn/conf/model/<model>.yaml`` with the ``model.*`` overrides among
     ``extra`` (e.g. ``model.sampler.fanouts=[10,10]``), as the recipe builds it."""
     from hydra.utils import instantiate
 

@@ -29,7 +29,7 @@ from benchmarks._report import machine_header, write_report
 
 def fit_once(data: str, model: str, loader: str, seed: int, epochs: int, extra: list[str], root: str) -> dict:
     """One ``train`` of the recipe with ``loader``; its RESULT fields, printed output swallowed."""
-    from train import train
+    from lightning_mqgnn.recipe.train import train
 
     overrides = [
         f"data={data}",

@@ -4,7 +4,7 @@
     python recipes/bench.py step --data products_like_200k --model gcn --device cuda
 
 Batches are sampled and gathered once, before timing, with the recipe's own data and model
-configs (``conf/data``, ``conf/model``), so the step (forward, backward, optimiser, per-step
+configs (``lightning_mqgnn/conf/data``, ``lightning_mqgnn/conf/model``), so the step (forward, backward, optimiser, per-step
 overhead) is all that is measured. Two loops train on the same batches:
 - ``bare``: ``zero_grad``, ``training_step``, ``backward``, ``step`` in a Python loop;
 - ``trainer``: ``lightning.Trainer.fit`` with the recipe's callbacks, logger and progress bar.
@@ -51,7 +51,6 @@ from lightning_mqgnn.pipeline.schedule import epoch_batches
 from lightning_mqgnn.sampling.rng import batch_rng_seed
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "recipes"))  # the recipe's own builders (train.py)
 TRAINING_STEP = "training_step"
 OPTIMISER_SCOPE = "bench::optimizer."  # the scopes scoped_training_step opens around the optimiser
 CATEGORIES = ("gemm", "aggregation", "elementwise", "rng", "copy", "optimiser")
@@ -152,7 +151,7 @@ def recipe_objects(data: str, model: str, extra: list[str], dataset=None):
     """Dataset, sampler, LightningModule factory and loader config, exactly as ``recipes/train.py``
     builds them (``dataset``: one already built from the same data config, reused; the factory's
     ``cuda_graphs``: the module's steps replayed from CUDA graphs)."""
-    from train import build_sampler
+    from lightning_mqgnn.recipe.train import build_sampler
 
     cfg = recipe_config([f"data={data}", f"model={model}", *extra])
     if dataset is None:
@@ -236,7 +235,7 @@ class _StepClock(pl.Callback):
 
 def trainer_loop(module, batches: list, device: torch.device, cfg) -> list[float]:
     """Wall time of each step of ``Trainer.fit`` with the recipe's trainer config and callbacks."""
-    from train import recipe_callbacks
+    from lightning_mqgnn.recipe.train import recipe_callbacks
 
     clock = _StepClock()
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
@@ -336,8 +335,10 @@ def measure_pair(loop: str, make_module, batches: list, device: torch.device, cf
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.py step", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default="products_like_200k", help="a conf/data config")
-    parser.add_argument("--models", default="sage,gcn", help="conf/model configs, comma separated")
+    parser.add_argument("--data", default="products_like_200k", help="a lightning_mqgnn/conf/data config")
+    parser.add_argument(
+        "--models", default="sage,gcn", help="lightning_mqgnn/conf/model configs, comma separated"
+    )
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the timed median")

@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CONF = REPO / "conf"
+CONF = REPO / "lightning_mqgnn" / "conf"
 HELPERS = Path(__file__).resolve().parent
 # cora's published Planetoid files, served to the registry by a local HTTP server (conftest.py)
 PLANETOID_FILES = REPO / "tests" / "fixtures" / "planetoid"

@@ -12,7 +12,7 @@ TRAIN = [sys.executable, str(REPO / "recipes" / "train.py")]
 
 
 def recipe_config(*overrides: str):
-    """The recipe's configuration (``conf/config.yaml``) composed with ``overrides``, as
+    """The recipe's configuration (``lightning_mqgnn/conf/config.yaml``) composed with ``overrides``, as
     ``recipes/train.py`` would run it."""
     from hydra import compose, initialize_config_dir
 

@@ -6,15 +6,11 @@ import json
 import math
 
 import pytest
-from helpers.paths import REPO
 
 
 @pytest.fixture
-def recipes(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "recipes"))
-    import seed_runs
-    import seed_stats
-    import summarize
+def recipes():
+    from lightning_mqgnn.recipe import seed_runs, seed_stats, summarize
 
     return seed_stats, seed_runs, summarize
 

@@ -1,7 +1,7 @@
 """Runs of the recipe that differ only in their seed: the seeds ``seeds=`` asks for, each run's
 ``result.json``, and the summary of runs of one configuration (``summary.csv``, ``summary.json``,
 the ``SUMMARY`` line, a table of models by datasets). Plain Python, without Hydra:
-``recipes/train.py`` writes these files and ``recipes/summarize.py`` reads them back."""
+``mqgnn-train`` writes these files and ``mqgnn-summarize`` reads them back."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from seed_stats import Spread, format_spread, spread
+from lightning_mqgnn.recipe.seed_stats import Spread, format_spread, spread
 
 RESULT_FILE = "result.json"
 SUMMARY_CSV = "summary.csv"
