@@ -30,7 +30,9 @@ EXCLUDE = ("none", "self", "reverse")
 def describe(negatives: object) -> str:
     """A negative sampler as its dataclass fields say, e.g. ``UniformNegatives(k=1, strict=False)``."""
     shown = [f.name for f in fields(negatives) if f.init] if is_dataclass(negatives) else []
-    return f"{type(negatives).__name__}({', '.join(f'{name}={getattr(negatives, name)!r}' for name in shown)})"
+    return (
+        f"{type(negatives).__name__}({', '.join(f'{name}={getattr(negatives, name)!r}' for name in shown)})"
+    )
 
 
 class NegativeSampler(Protocol):
