@@ -98,7 +98,7 @@ def read_array(path: Path, field: str) -> Any:
             raise ValueError(
                 f"{path}: neither a .npy, .npz or .pt file nor a text edge list (binary, or not UTF-8)"
             )
-        return read_edge_list(path)
+        return read_edge_list(path).T  # [2, E]: two edges as [E, 2] would read as [2, E]
     if suffix in (".csv", ".txt", ".tsv"):
         raise ValueError(
             f"{path}: a {suffix} file is read as an edge list; give {field} as .npy, .npz or .pt"

@@ -108,10 +108,18 @@ class GraphDataset:
             t.share_memory_()
         return self
 
+    @property
+    def has_node_task(self) -> bool:
+        """Whether the nodes have labels to classify (a link-prediction dataset may have none)."""
+        return self.num_classes > 0
+
     def summary(self) -> str:
+        head = f"{self.name}: {self.num_nodes:,} nodes, {self.graph.num_edges:,} directed edges, "
+        features = f"{self.num_features} features" if self.num_features else "no features"
+        if not self.has_node_task:
+            return f"{head}{features}, no node labels"
         return (
-            f"{self.name}: {self.num_nodes:,} nodes, {self.graph.num_edges:,} directed edges, "
-            f"{self.num_features} features, {self.num_classes} "
+            f"{head}{features}, {self.num_classes} "
             f"{'tasks' if self.multilabel else 'classes'}, metric {self.metric}, split "
             f"{self.train_idx.numel():,}/{self.val_idx.numel():,}/{self.test_idx.numel():,}"
         )

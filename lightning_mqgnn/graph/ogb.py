@@ -68,9 +68,11 @@ class _TorchWithFullLoad:
 
 
 @contextmanager
-def _ogb_full_torch_load() -> Iterator[None]:
-    import ogb.nodeproppred.dataset as ogb_dataset
+def _ogb_full_torch_load(module: str = "ogb.nodeproppred.dataset") -> Iterator[None]:
+    """Inside ``module`` (OGB's dataset module), ``torch.load`` unpickles fully while it runs."""
+    import importlib
 
+    ogb_dataset = importlib.import_module(module)
     original = ogb_dataset.torch
     ogb_dataset.torch = _TorchWithFullLoad()
     try:
@@ -79,9 +81,10 @@ def _ogb_full_torch_load() -> Iterator[None]:
         ogb_dataset.torch = original
 
 
-def _prepare_folder(spec: OgbSpec, root: Path, download: bool) -> Path:
+def _prepare_folder(spec: OgbSpec, root: Path, download: bool, split_file: str = "train.csv.gz") -> Path:
     """Make sure the files are there (downloading them when allowed and possible), then add what
-    OGB needs to not prompt or crash."""
+    OGB needs to not prompt or crash. ``split_file``: the file of the training split under
+    ``split/<split>/`` (``train.pt`` for a link dataset)."""
     folder = root / spec.name.replace("-", "_")
     manual = (
         f"extract {spec.download}.zip ({spec.url}) so that "
@@ -92,7 +95,7 @@ def _prepare_folder(spec: OgbSpec, root: Path, download: bool) -> Path:
         check_download(spec.name, spec.url, folder, download, manual)
         _download(spec, root, folder)
     split_dir = folder / "split" / spec.split
-    if not (split_dir / "train.csv.gz").is_file() and not (split_dir / "split_dict.pt").is_file():
+    if not (split_dir / split_file).is_file() and not (split_dir / "split_dict.pt").is_file():
         raise FileNotFoundError(f"{spec.name}: split files not found in {split_dir}; {manual}")
     marker = folder / "RELEASE_v1.txt"
     if not marker.exists():

@@ -15,8 +15,10 @@ Where a dataset comes from, first match wins:
 
 The OGB datasets (``arxiv``, ``products``, ``proteins``) are read from the mirror too when it holds
 ``<name>.npz``; otherwise OGB's own code fetches and parses them into ``<data root>/ogb``
-(``graph.ogb``). OGB publishes no checksums for its archives, so none is checked there; what OGB
-parses is validated like every dataset.
+(``graph.ogb``). The OGB link datasets (``ogbl_collab``, ``ogbl_ppa``, ``ogbl_citation2``,
+``ogbl_ddi``) come with their own edge split, which a mirror's npz does not hold: they are always
+read through OGB's files (``graph.ogb_link``). OGB publishes no checksums for its archives, so
+none is checked there; what OGB parses is validated like every dataset.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 
 from lightning_mqgnn.graph import convert
 from lightning_mqgnn.graph.dataset import GraphDataset
+from lightning_mqgnn.graph.link_dataset import LinkDataset
 from lightning_mqgnn.graph.npz import load_npz
 
 DATA_ROOT_ENV = "MQGNN_DATA_ROOT"
@@ -62,6 +65,7 @@ _PLANETOID = "https://github.com/kimiyoung/planetoid/raw/master/data"
 _GRAPH_DATA = "https://github.com/EdisonLeeeee/GraphData/raw/master/datasets"
 _HETEROPHILOUS = "https://github.com/yandex-research/heterophilous-graphs/raw/main/data"
 _OGB = "http://snap.stanford.edu/ogb/data/nodeproppred"
+_OGB_LINK = "http://snap.stanford.edu/ogb/data/linkproppred"
 _PLANETOID_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
 
 
@@ -176,6 +180,34 @@ DATASETS: dict[str, RegisteredDataset] = {
             _OGB,
             {"proteins.zip": None},
             ogb_name="ogbn-proteins",
+        ),
+        RegisteredDataset(
+            "ogbl_collab",
+            "ogbl-collab (235,868 authors, 1.3M collaborations; Hits@50 over OGB's split by year)",
+            _OGB_LINK,
+            {"collab.zip": None},
+            ogb_name="ogbl-collab",
+        ),
+        RegisteredDataset(
+            "ogbl_ppa",
+            "ogbl-ppa (576,289 proteins, 30M associations; Hits@100)",
+            _OGB_LINK,
+            {"ppassoc.zip": None},
+            ogb_name="ogbl-ppa",
+        ),
+        RegisteredDataset(
+            "ogbl_citation2",
+            "ogbl-citation2 (2.9M papers, 30M directed citations; MRR over 1,000 negatives each)",
+            _OGB_LINK,
+            {"citation-v2.zip": None},
+            ogb_name="ogbl-citation2",
+        ),
+        RegisteredDataset(
+            "ogbl_ddi",
+            "ogbl-ddi (4,267 drugs, 1.3M interactions, no node features; Hits@20)",
+            _OGB_LINK,
+            {"ddi.zip": None},
+            ogb_name="ogbl-ddi",
         ),
     )
 }
@@ -315,11 +347,16 @@ def _reason(err: BaseException) -> str:
     return text[:300]
 
 
-def load_dataset(name: str, download: bool = True, **options: Any) -> GraphDataset:
+def load_dataset(name: str, download: bool = True, **options: Any) -> GraphDataset | LinkDataset:
     """The registered dataset ``name``, validated. ``options`` go to ``load_npz`` (e.g.
     ``max_features``, ``normalize_features``) or, for OGB datasets, ``load_ogb``
-    (``make_undirected``)."""
+    (``make_undirected``). An OGB link dataset (``ogbl_*``) is a ``LinkDataset``: its training
+    graph and OGB's split, always read through OGB's files (``graph.ogb_link``)."""
     entry = registered(name)
+    if entry.ogb_name is not None and entry.ogb_name.startswith("ogbl-"):
+        from lightning_mqgnn.graph.ogb_link import load_ogb_link
+
+        return load_ogb_link(entry.ogb_name, root=data_root() / "ogb", download=download, **options)
     if entry.ogb_name is not None and _mirrored(name) is None:
         from lightning_mqgnn.graph.ogb import load_ogb
 

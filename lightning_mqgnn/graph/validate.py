@@ -128,14 +128,16 @@ def check_simple_graph(who: str, graph: CSRGraph) -> None:
         raise ValueError(f"{who}: field 'indices' in row {v} has a {what} (rows must be strictly increasing)")
 
 
-def check_features(who: str, features: Tensor, num_nodes: int) -> None:
+def check_features(who: str, features: Tensor, num_nodes: int, featureless: bool = False) -> None:
     """``[N, F]`` float32 (or float16/bfloat16, as features on disk may be stored) with every
-    value finite; names the first bad node and column."""
+    value finite; names the first bad node and column. ``featureless``: ``[N, 0]`` is allowed too
+    (a link-prediction dataset whose model learns its nodes' inputs)."""
     if not isinstance(features, Tensor):
         raise ValueError(f"{who}: field 'features' must be a torch.Tensor, got {type(features).__name__}")
-    if features.dim() != 2 or features.shape[0] != num_nodes or features.shape[1] < 1:
+    least = 0 if featureless else 1
+    if features.dim() != 2 or features.shape[0] != num_nodes or features.shape[1] < least:
         raise ValueError(
-            f"{who}: field 'features' has shape {tuple(features.shape)}, expected [{num_nodes}, F] with F >= 1"
+            f"{who}: field 'features' has shape {tuple(features.shape)}, expected [{num_nodes}, F] with F >= {least}"
         )
     if features.dtype not in [torch_dtype(name) for name in FEATURE_DTYPES]:
         raise ValueError(
@@ -209,6 +211,32 @@ def check_splits(who: str, splits: dict[str, Tensor], num_nodes: int) -> None:
         owner[idx] = k
 
 
+def check_no_node_task(who: str, ds: DatasetFields, num_nodes: int) -> None:
+    """A dataset without a node task (``num_classes == 0``, link prediction): float32 labels
+    ``[N, 0]`` and every node in ``train_idx`` (each may be an endpoint of a training edge: what
+    samplers and caches that weigh the training nodes read), ``val_idx`` and ``test_idx`` empty."""
+    if (
+        not isinstance(ds.labels, Tensor)
+        or ds.labels.dtype != torch.float32
+        or tuple(ds.labels.shape)
+        != (
+            num_nodes,
+            0,
+        )
+    ):
+        what = tuple(ds.labels.shape) if isinstance(ds.labels, Tensor) else type(ds.labels).__name__
+        raise ValueError(
+            f"{who}: field 'labels' is {what}; a dataset without node labels (num_classes=0) holds float32 [{num_nodes}, 0]"
+        )
+    for field in ("train_idx", "val_idx", "test_idx"):
+        _check_index_tensor(who, field, getattr(ds, field))
+    if not torch.equal(ds.train_idx, torch.arange(num_nodes)) or ds.val_idx.numel() or ds.test_idx.numel():
+        raise ValueError(
+            f"{who}: a dataset without node labels (num_classes=0) has every node in 'train_idx' and "
+            "'val_idx', 'test_idx' empty"
+        )
+
+
 def validate_dataset(ds: Dataset, *, source: str | None = None, require_symmetric: bool = False) -> Dataset:
     """Check every field of ``ds`` (see the module docstring); return ``ds`` unchanged.
 
@@ -221,13 +249,19 @@ def validate_dataset(ds: Dataset, *, source: str | None = None, require_symmetri
     g = ds.graph
     check_csr_structure(who, g.indptr, g.indices, g.num_nodes)
     check_simple_graph(who, g)
-    check_features(who, ds.features, g.num_nodes)
-    check_labels(who, ds.labels, g.num_nodes, ds.num_classes)
-    if ds.labels.dim() == 1 and ds.num_classes < 2:
-        raise ValueError(f"{who}: field 'num_classes' is {ds.num_classes}; a single-label task needs >= 2")
-    check_splits(
-        who, {"train_idx": ds.train_idx, "val_idx": ds.val_idx, "test_idx": ds.test_idx}, g.num_nodes
-    )
+    if ds.num_classes == 0:  # no node task: a link-prediction dataset
+        check_features(who, ds.features, g.num_nodes, featureless=True)
+        check_no_node_task(who, ds, g.num_nodes)
+    else:
+        check_features(who, ds.features, g.num_nodes)
+        check_labels(who, ds.labels, g.num_nodes, ds.num_classes)
+        if ds.labels.dim() == 1 and ds.num_classes < 2:
+            raise ValueError(
+                f"{who}: field 'num_classes' is {ds.num_classes}; a single-label task needs >= 2"
+            )
+        check_splits(
+            who, {"train_idx": ds.train_idx, "val_idx": ds.val_idx, "test_idx": ds.test_idx}, g.num_nodes
+        )
     if require_symmetric and not g.is_symmetric():
         raise ValueError(
             f"{who}: field 'graph' is directed (not symmetric) but a symmetric graph is required"

@@ -150,6 +150,8 @@ class FullGraphInference:
 
     @cached_property
     def _sparse_features(self) -> Tensor | None:
+        if self.dataset.num_features == 0:  # a featureless graph: the model gives the inputs
+            return None
         return sparse_rows(self.dataset.features)
 
     def _widened_by_chunk(self) -> bool:
@@ -200,17 +202,26 @@ class FullGraphInference:
         between: Callable[[Tensor], Tensor],
         nodes: Tensor,
         device: torch.device,
+        inputs: Tensor | None = None,
     ) -> Tensor:
         """Outputs of the last layer for ``nodes``; ``between`` is applied after every other layer,
         to a tensor of its own that it may overwrite (``torch.relu_``: no second copy of every
-        node's hidden state)."""
+        node's hidden state). ``inputs``: every node's input rows in place of the dataset's
+        features (a model's learnt node embeddings), read as they are."""
         entry = self._plans.get(id(nodes))
         if entry is None or entry[0] is not nodes:
             entry = self._plans[id(nodes)] = (nodes, self._plan(nodes, len(layers)))
-        features = self.dataset.features
-        widened = compute_dtype(features.dtype)
-        sparse = self._sparse_inputs(layers[0], device)
-        h = None if sparse is not None or self._widened_by_chunk() else features.to(device, widened)
+        if inputs is not None:
+            if inputs.shape[0] != self.dataset.num_nodes:
+                raise ValueError(
+                    f"inference inputs have {inputs.shape[0]} rows, the graph {self.dataset.num_nodes} nodes"
+                )
+            features, widened, sparse, h = inputs, inputs.dtype, None, inputs.to(device)
+        else:
+            features = self.dataset.features
+            widened = compute_dtype(features.dtype)
+            sparse = self._sparse_inputs(layers[0], device)
+            h = None if sparse is not None or self._widened_by_chunk() else features.to(device, widened)
         for i, (layer, plan) in enumerate(zip(layers, entry[1])):
             outs = []
             projected = layer.project(sparse) if i == 0 and sparse is not None else None

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from typing_extensions import override
 
-from lightning_mqgnn.models.inference import LinkEvalBatch
+from lightning_mqgnn.graph.link_dataset import LINK_METRICS
+from lightning_mqgnn.models.inference import FullGraphBatch, LinkEvalBatch
 from lightning_mqgnn.models.link_metrics import hits_at_k, mrr, roc_auc
 from lightning_mqgnn.models.node_classifier import NodeClassifier
 from lightning_mqgnn.models.work import inference_work
@@ -53,15 +54,44 @@ def pair_decoder(name: str, width: int) -> nn.Module:
     raise ValueError(f"unknown decoder {name!r}; expected one of {DECODERS}")
 
 
+def check_decoder_width(decoder: nn.Module, width: int) -> None:
+    """A one-line ``ValueError`` unless ``decoder`` scores a pair of ``width``-wide embeddings as
+    one logit, found by scoring two zero pairs: a decoder built for another width fails here,
+    not at the first batch."""
+    name = type(decoder).__name__
+    probe = torch.zeros(2, width)
+    try:
+        with torch.no_grad():
+            out = decoder(probe, probe)
+    except RuntimeError as err:
+        first = (str(err).splitlines() or [""])[0]
+        raise ValueError(
+            f"LinkPredictor: decoder {name} does not take the encoder's embeddings of width {width} "
+            f"(model.module.embedding, default hidden): {first}"
+        ) from None
+    if not isinstance(out, Tensor) or tuple(out.shape) != (2,):
+        shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(
+            f"LinkPredictor: decoder {name} gives {shape} for 2 pairs of width {width}; expected one logit a pair"
+        )
+
+
 class LinkPredictor(NodeClassifier):
     """Scores node pairs: a GCN or SAGE encoder of ``num_layers`` layers ending in embeddings of
-    ``embedding`` width (default: ``hidden``), then ``decoder`` ("dot", or "mlp" over the
-    Hadamard product). ``hits_k``: the K of the logged ``val/metric`` (Hits@K; 50 as
-    ogbl-collab). Logged: ``train/loss``, ``{val,test}/metric`` (Hits@K), ``{val,test}/auc``,
-    and ``{val,test}/mrr`` where the split has per-source negatives.
+    ``embedding`` width (default: ``hidden``), then ``decoder`` ("dot", "mlp" over the Hadamard
+    product, or a module scoring ``decoder(h_src, h_dst)``, checked against ``embedding``).
+    ``metric``: what ``val/metric`` is: ``"hits"`` (Hits@``hits_k``; 50 as ogbl-collab) or
+    ``"mrr"`` (over each positive's own negatives, as ogbl-citation2). Logged: ``train/loss``,
+    ``{val,test}/metric``, ``{val,test}/auc``, ``{val,test}/mrr`` where the split has per-source
+    negatives (under ``metric="hits"``) and ``{val,test}/hits`` (under ``metric="mrr"``).
+
+    Node inputs: the dataset's features (``in_dim`` wide), or a learnt table of ``num_nodes`` rows
+    of ``node_embedding`` width (``nn.Embedding``), the input rows of every batch's nodes and of
+    exact inference. The table is used where ``node_embedding`` is given, and for a dataset
+    without features (``in_dim=0``), then ``hidden`` wide by default.
 
     The encoder is ``NodeClassifier``'s, trained on batches of ``EdgeSeeds``: any sampler, any
-    loader, the first layer aggregated in the gather stage or not."""
+    loader, the first layer aggregated in the gather stage or not (features only)."""
 
     SCORED_PAIRS = 65_536
 
@@ -75,8 +105,11 @@ class LinkPredictor(NodeClassifier):
         dropout: float = 0.0,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
-        decoder: str = "dot",
+        decoder: str | nn.Module = "dot",
         hits_k: int = 50,
+        metric: str = "hits",
+        num_nodes: int | None = None,
+        node_embedding: int | None = None,
         glorot_init: bool | None = None,
         num_classes: int | None = None,
     ):
@@ -86,8 +119,23 @@ class LinkPredictor(NodeClassifier):
                 f"LinkPredictor: num_classes={num_classes} is a node classifier's output; a link "
                 f"predictor ends in embeddings of width embedding={embedding}"
             )
+        if metric not in LINK_METRICS:
+            raise ValueError(f"LinkPredictor: metric must be one of {LINK_METRICS}, got {metric!r}")
+        if hits_k < 1:
+            raise ValueError(f"LinkPredictor: hits_k must be a positive count, got {hits_k}")
+        if node_embedding is None and in_dim == 0:
+            node_embedding = hidden
+        if node_embedding is not None and (num_nodes is None or num_nodes < 1 or node_embedding < 1):
+            raise ValueError(
+                f"LinkPredictor: a learnt input per node (node_embedding={node_embedding}, or a dataset "
+                f"without features) needs num_nodes >= 1 and a positive width, got num_nodes={num_nodes}"
+            )
+        pair = decoder if isinstance(decoder, nn.Module) else pair_decoder(decoder, embedding)
+        check_decoder_width(pair, embedding)
+        if isinstance(decoder, nn.Module):  # the hyperparameters name it; its weights are the state's
+            decoder = type(decoder).__name__
         super().__init__(
-            in_dim,
+            in_dim if node_embedding is None else node_embedding,
             embedding,
             conv=conv,
             hidden=hidden,
@@ -97,11 +145,28 @@ class LinkPredictor(NodeClassifier):
             weight_decay=weight_decay,
             glorot_init=glorot_init,
         )
-        if hits_k < 1:
-            raise ValueError(f"LinkPredictor: hits_k must be a positive count, got {hits_k}")
-        self.decoder = pair_decoder(decoder, embedding)
+        self.decoder = pair
         self.hits_k = hits_k
+        self.link_metric = metric
+        self.node_embedding: nn.Embedding | None = None
+        if node_embedding is not None:
+            self.node_embedding = nn.Embedding(num_nodes, node_embedding)
+            nn.init.xavier_uniform_(self.node_embedding.weight)
+            self.accepts_aggregated_inputs = False  # the gather stage has no rows to aggregate
         self.save_hyperparameters()
+
+    @override
+    def batch_logits(self, batch: MiniBatch) -> Tensor:
+        if self.node_embedding is None:
+            return super().batch_logits(batch)
+        return self(batch.blocks, self.node_embedding(batch.input_nodes))
+
+    @override
+    def _full_graph_logits(self, batch: FullGraphBatch) -> Tensor:
+        inputs = None if self.node_embedding is None else self.node_embedding.weight
+        return self._inference_of(batch.dataset).run(
+            self.layers, torch.relu_, batch.nodes, self.device, inputs=inputs
+        )
 
     def score(self, embeddings: Tensor, pairs: Tensor) -> Tensor:
         """The decoder's logit for each pair (``[2, P]`` rows of ``embeddings``)."""
@@ -147,18 +212,25 @@ class LinkPredictor(NodeClassifier):
                 f"LinkPredictor scores a link split's pairs; the {split} loader gave a {type(batch).__name__} "
                 "(build the DataModule with seeds=EdgeSeeds(...))"
             )
+        if self.link_metric == "mrr" and batch.neg_per_source is None:
+            raise ValueError(
+                f"LinkPredictor(metric='mrr') ranks each positive against its own negatives; the {split} "
+                "split has none (LinkSplit.val_neg_per_source / test_neg_per_source)"
+            )
         h = self._full_graph_logits(batch)
         pos, neg = (
             self.score_in_chunks(h, batch.pos.to(h.device)),
             self.score_in_chunks(h, batch.neg.to(h.device)),
         )
-        self.log(f"{split}/metric", hits_at_k(pos, neg, self.hits_k), prog_bar=True, batch_size=pos.numel())
-        self.log(f"{split}/auc", roc_auc(pos, neg), batch_size=pos.numel())
+        scores = {"hits": hits_at_k(pos, neg, self.hits_k), "auc": roc_auc(pos, neg)}
         if batch.neg_per_source is not None:
             per_source = batch.neg_per_source.to(h.device)
             sources = batch.pos[0].to(h.device).unsqueeze(1).expand_as(per_source)
             neg_rows = self.score_in_chunks(h, torch.stack([sources.reshape(-1), per_source.reshape(-1)]))
-            self.log(f"{split}/mrr", mrr(pos, neg_rows.view(per_source.shape)), batch_size=pos.numel())
+            scores["mrr"] = mrr(pos, neg_rows.view(per_source.shape))
+        self.log(f"{split}/metric", scores.pop(self.link_metric), prog_bar=True, batch_size=pos.numel())
+        for name, value in scores.items():
+            self.log(f"{split}/{name}", value, batch_size=pos.numel())
 
     @override
     def validation_work(self) -> float:

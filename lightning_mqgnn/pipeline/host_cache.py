@@ -124,6 +124,11 @@ def host_tier_capacity(dataset: GraphDataset, budget_gb: float, policy: str) -> 
     if not budget_gb > 0:
         raise ValueError(f"host cache budget must be a positive number of GB, got {budget_gb}")
     features = dataset.features
+    if features.shape[1] == 0:
+        raise ValueError(
+            f"{dataset.name} has no features: a host cache of feature rows has nothing to hold "
+            f"(host_cache_gb={budget_gb})"
+        )
     row_bytes = features[0].numel() * features.element_size()
     capacity = min(dataset.graph.num_nodes, int(budget_gb * 1e9) // row_bytes)
     if capacity == 0:

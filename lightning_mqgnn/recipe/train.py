@@ -57,6 +57,7 @@ from lightning_mqgnn.callbacks import (
 from lightning_mqgnn.callbacks.last_checkpoint import LAST_CHECKPOINT
 from lightning_mqgnn.data import LoaderSettings, MQGNNDataModule
 from lightning_mqgnn.fullgraph.strategy_base import FullGraphStrategyBase
+from lightning_mqgnn.graph.link_dataset import LinkDataset
 from lightning_mqgnn.recipe import CONF
 from lightning_mqgnn.recipe.seed_runs import (
     RESULT_FILE,
@@ -212,13 +213,19 @@ def train(cfg: DictConfig) -> dict[str, Value]:
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_checkpoints)
     if ckpt_path is not None:
         check_resumable(cfg, ckpt_path, full_graph)
-    dataset = instantiate(cfg.data)
+    data = instantiate(cfg.data)  # a GraphDataset, or a LinkDataset: a graph with its own edge split
+    if not link:
+        check_node_task(data)
     seeds = None
     if link:  # the dataset over the training graph, and the split's edges as the batches' seeds
-        dataset, seeds = instantiate(cfg.task.seeds)(dataset=dataset)
+        dataset, seeds = instantiate(cfg.task.seeds)(dataset=data)
         print(seeds.summary(dataset), flush=True)
-        module = make_module(in_dim=dataset.num_features)
+        module = make_module(
+            in_dim=dataset.num_features, num_nodes=dataset.num_nodes, **link_scoring(make_module, data)
+        )
+        check_link_scoring(module, seeds)
     else:
+        dataset = data
         print(dataset.summary(), flush=True)
         module = make_module(
             in_dim=dataset.num_features,
@@ -287,7 +294,7 @@ def train(cfg: DictConfig) -> dict[str, Value]:
             result.update(
                 {k.removeprefix("test/"): float(v) for k, v in tested[0].items() if k != "test/metric"}
             )
-            link_fields = "".join(f" test_{k}={result[k]:.4f}" for k in ("auc", "mrr") if k in result)
+            link_fields = "".join(f" test_{k}={result[k]:.4f}" for k in ("auc", "mrr", "hits") if k in result)
     result.update(timer.summary())
     busy = ""
     if gpu_busy.busy_fraction is not None:
@@ -295,7 +302,7 @@ def train(cfg: DictConfig) -> dict[str, Value]:
         busy = f" gpu_busy={gpu_busy.busy_fraction:.3f}"
     line = (
         f"RESULT model={cfg.model.name} data={dataset.name}"
-        f"{f' task=link metric=hits@{module.hits_k}' if link else ''} val={result['val']:.4f} "
+        f"{f' task=link metric={link_metric_name(module)}' if link else ''} val={result['val']:.4f} "
         f"test={result.get('test', float('nan')):.4f}{link_fields} epochs={trainer.current_epoch} "
         f"batches={result['batches']} batch_time_ms={result['batch_time_ms']:.2f} "
         f"batch_time_std_ms={result['batch_time_std_ms']:.2f} train_time_s={result['train_time_s']:.2f}{busy}"
@@ -305,6 +312,50 @@ def train(cfg: DictConfig) -> dict[str, Value]:
     if trainer.global_rank == 0:
         print(line, flush=True)
     return {**result_fields(line), **result}
+
+
+def check_node_task(data) -> None:
+    """Node classification needs a dataset of labelled nodes: not a graph that comes with its own
+    edge split, nor one without labels (both are link-prediction data)."""
+    if isinstance(data, LinkDataset):
+        raise RecipeError(
+            f"data {data.name!r} is a link-prediction dataset with its own edge split: run it with task=link"
+        )
+    if not data.has_node_task:
+        raise RecipeError(
+            f"data {data.name!r} has no node labels to classify (data.labels=... gives them); "
+            "task=link predicts its links"
+        )
+
+
+# how a link run is scored where neither the model config nor the data name it
+LINK_SCORING = {"hits_k": 50, "metric": "hits"}
+
+
+def link_scoring(make_module, data) -> dict:
+    """The ``hits_k`` and ``metric`` the model config leaves open (null): the data's own where it
+    is a ``LinkDataset`` that names them (OGB's: ogbl-ppa Hits@100, ogbl-citation2 MRR), else
+    ``LINK_SCORING``."""
+    own = {"hits_k": data.hits_k, "metric": data.metric} if isinstance(data, LinkDataset) else {}
+    return {
+        key: own.get(key) if own.get(key) is not None else default
+        for key, default in LINK_SCORING.items()
+        if make_module.keywords.get(key) is None
+    }
+
+
+def check_link_scoring(module, seeds: EdgeSeeds) -> None:
+    """MRR ranks each positive against its own negatives: the split must have them."""
+    if module.link_metric == "mrr" and seeds.split.val_neg_per_source is None:
+        raise RecipeError(
+            "model.module.metric=mrr ranks each positive against its own negatives, but the link split "
+            "has none: give task.seeds.neg_per_source=<k>, or val_neg_per_source/test_neg_per_source files"
+        )
+
+
+def link_metric_name(module) -> str:
+    """The RESULT line's name of ``val/metric``: ``hits@50``, ``mrr``."""
+    return f"hits@{module.hits_k}" if module.link_metric == "hits" else module.link_metric
 
 
 def check_module_arguments(model: str, make_module) -> None:
@@ -595,10 +646,8 @@ def loader_result_fields(datamodule) -> str:
 
 
 def datamodule_batches(datamodule, world_size: int) -> int:
-    from lightning_mqgnn.pipeline.schedule import num_batches
-
-    n = datamodule.dataset.train_idx.numel()
-    return num_batches(n, datamodule.batch_size, world_size, datamodule.drop_last)
+    """Training batches an epoch on every rank: of the nodes or edges that seed them."""
+    return datamodule.source.num_batches(world_size)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")

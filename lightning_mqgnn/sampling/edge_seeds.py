@@ -19,6 +19,7 @@ from torch import Tensor
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.edge_keys import contains, pair_keys, sorted_keys
+from lightning_mqgnn.graph.link_dataset import LinkDataset
 from lightning_mqgnn.graph.link_split import LinkSplit, random_link_split
 from lightning_mqgnn.models.inference import FullGraphLoader, LinkEvalBatch
 from lightning_mqgnn.sampling.base import Sampler
@@ -232,3 +233,31 @@ def random_edge_seeds(
         dataset.graph, val=val, test=test, seed=seed, undirected=undirected, neg_per_source=neg_per_source
     )
     return replace(dataset, graph=training_graph), EdgeSeeds(split, negatives, exclude)
+
+
+def edge_seeds(
+    dataset: GraphDataset | LinkDataset,
+    negatives: NegativeSampler,
+    val: float = 0.05,
+    test: float = 0.10,
+    seed: int = 0,
+    undirected: bool = True,
+    neg_per_source: int | None = None,
+    exclude: str = "reverse",
+) -> tuple[GraphDataset, EdgeSeeds]:
+    """The link task's seeds for whatever the data config gave: a ``LinkDataset`` trains on its
+    own split (an OGB benchmark's, or split files; ``val``, ``test``, ``seed``, ``undirected`` and
+    ``neg_per_source`` do not apply to it), any other dataset on a seeded random split of its
+    edges (``random_edge_seeds``)."""
+    if isinstance(dataset, LinkDataset):
+        return dataset.dataset, EdgeSeeds(dataset.split, negatives, exclude)
+    return random_edge_seeds(
+        dataset,
+        negatives,
+        val=val,
+        test=test,
+        seed=seed,
+        undirected=undirected,
+        neg_per_source=neg_per_source,
+        exclude=exclude,
+    )

@@ -285,7 +285,7 @@ def test_mirror_is_read_first_and_never_written(tmp_path, monkeypatch, data_root
 def test_unknown_name_lists_the_known_ones():
     with pytest.raises(
         ValueError,
-        match=r"unknown dataset 'coraa' \(known: amazon_computers, amazon_photo, arxiv, citeseer, coauthor_cs, coauthor_physics, cora, dblp, products, proteins, pubmed, tolokers\)",
+        match=r"unknown dataset 'coraa' \(known: amazon_computers, amazon_photo, arxiv, citeseer, coauthor_cs, coauthor_physics, cora, dblp, ogbl_citation2, ogbl_collab, ogbl_ddi, ogbl_ppa, products, proteins, pubmed, tolokers\)",
     ):
         load_dataset("coraa")
 

@@ -111,6 +111,17 @@ def test_bad_host_cache_settings_are_one_clear_error(on_disk):
         host_row_cache(mapped, 1e-7, "walk")
 
 
+def test_a_featureless_graph_has_no_rows_for_a_host_tier():
+    from lightning_mqgnn.graph.link_dataset import link_only_dataset
+    from lightning_mqgnn.pipeline.host_cache import host_tier_capacity
+
+    ds = link_only_dataset("g", generate_graph(preset="arxiv", scale=0.002, seed=0).graph)
+    with pytest.raises(
+        ValueError, match=r"g has no features: a host cache of feature rows has nothing to hold"
+    ):
+        host_tier_capacity(ds, 0.001, "walk")
+
+
 def test_a_tier_travels_as_its_machine_memory_not_its_rows(on_disk, tmp_path):
     """Pickled, a tier is its handles: a process started on its own maps the same memory."""
     _, mapped = on_disk
