@@ -52,15 +52,6 @@ class LinkDataset:
     def name(self) -> str:
         return self.dataset.name
 
-    def summary(self) -> str:
-        s = self.split
-        per_source = "" if s.val_neg_per_source is None else f", {s.val_neg_per_source.shape[1]} per source"
-        return (
-            f"{self.dataset.summary()}; link split {s.train.shape[1]:,}/{s.val_pos.shape[1]:,}/"
-            f"{s.test_pos.shape[1]:,} {'undirected' if s.undirected else 'directed'} edges, negatives "
-            f"{s.val_neg.shape[1]:,}/{s.test_neg.shape[1]:,}{per_source}"
-        )
-
 
 def link_only_dataset(
     name: str, graph: CSRGraph, features: Tensor | None = None, source: str = ""

@@ -80,8 +80,9 @@ class EdgeSeeds:
             return f"{pos.shape[1]:,} positives / {neg.shape[1]:,} negatives{own}"
 
         kind = "undirected" if split.undirected else "directed"
+        features = f"{dataset.num_features} features" if dataset.num_features else "no features"
         return (
-            f"{dataset.name}: {dataset.num_nodes:,} nodes, {dataset.num_features} features; link split: "
+            f"{dataset.name}: {dataset.num_nodes:,} nodes, {features}; link split: "
             f"{self.num_seeds:,} {kind} training edges ({dataset.graph.num_edges:,} directed edges pass "
             f"messages), validation {held_out('val')}, test {held_out('test')}; {describe(self.negatives)} "
             f"per batch, exclude {self.exclude}"

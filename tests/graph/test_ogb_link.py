@@ -74,7 +74,7 @@ def test_ddi_has_no_features(tmp_path):
     write_tiny_ogb_link(tmp_path, "ogbl-ddi")
     data = load_ogb_link("ogbl-ddi", tmp_path, download=False)
     assert (data.hits_k, data.metric) == (20, "hits")
-    assert data.dataset.num_features == 0 and "no features" in data.summary()
+    assert data.dataset.num_features == 0 and "no features" in data.dataset.summary()
 
 
 def test_missing_files_and_foreign_split_files_are_one_line(tmp_path):
