@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -105,3 +107,35 @@ def test_a_stopped_link_run_resumes_as_if_never_stopped(tmp_path):
     fields_a, fields_b = result_fields(straight_out), result_fields(out)
     for key in ("val", "test", "test_auc", "test_mrr", "epochs", "batches"):
         assert fields_a[key] == fields_b[key], key
+
+
+def test_a_link_run_in_memory_from_disk_and_on_the_device_loader_gives_one_result(tmp_path):
+    """Edge batches through the sequential loader, from a dataset converted to disk, and through
+    the device-resident loader (on the CPU): the same batches, the same RESULT."""
+    small = ("data.num_nodes=1000", "trainer.max_epochs=1")
+    converted = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "recipes" / "convert.py"),
+            "data=generated_links",
+            small[0],
+            f"out={tmp_path / 'disk'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    runs = {
+        "memory": ("task=link", *small),
+        "disk": ("task=link", "data=ondisk", f"data.path={tmp_path / 'disk'}", small[1]),
+        "device": ("task=link", "loader=device", *small),
+    }
+    results = {}
+    for name, overrides in runs.items():
+        proc = run_recipe(tmp_path / name, *overrides)
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+        results[name] = {
+            k: v for k, v in result_fields(proc.stdout).items() if k in ("val", "test", "test_mrr", "batches")
+        }
+    assert results["memory"] == results["disk"] == results["device"], results
