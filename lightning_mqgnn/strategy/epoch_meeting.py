@@ -72,10 +72,10 @@ def meet(meeting: Meeting, phase: str, stopped_after_s: float, limit_s: float) -
     key = f"{PREFIX}/{meeting.name}"
     store.set(_waiting_key(rank), meeting.name)
     store.add(key, 1)
-    try:
-        _wait_for_all(store, key, meeting, phase, rank, world, stopped_after_s, limit_s)
-    finally:
-        store.set(_waiting_key(rank), NOT_WAITING)
+    # a failure to meet ends the fit and asks nothing more of the store, whose host (rank 0) may
+    # be the rank that ended: its error would hide the failure's one line
+    _wait_for_all(store, key, meeting, phase, rank, world, stopped_after_s, limit_s)
+    store.set(_waiting_key(rank), NOT_WAITING)
     if store.add(f"{key}/left", 1) == world:  # the last to leave: nobody reads these keys again
         store.delete_key(key)
         store.delete_key(f"{key}/left")
