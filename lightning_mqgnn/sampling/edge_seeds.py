@@ -19,7 +19,7 @@ from torch import Tensor
 from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.edge_keys import contains, pair_keys, sorted_keys
-from lightning_mqgnn.graph.link_split import LinkSplit, random_link_split
+from lightning_mqgnn.graph.link_split import LinkSplit, check_link_split, load_link_split, random_link_split
 from lightning_mqgnn.models.inference import FullGraphLoader, LinkEvalBatch
 from lightning_mqgnn.sampling.base import Sampler
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
@@ -197,11 +197,20 @@ def random_edge_seeds(
     undirected: bool = True,
     neg_per_source: int | None = None,
     exclude: str = "reverse",
+    split_file: str | None = None,
 ) -> tuple[GraphDataset, EdgeSeeds]:
     """Link prediction on any dataset: a seeded split of its edges (``random_link_split``: 85/5/10
     by default, fixed negatives for validation and test, with ``neg_per_source`` each positive's
     own negatives for MRR), and the dataset over the training graph, which no held-out edge is
-    in. The node features come along; the node labels and splits are not used."""
+    in. The node features come along; the node labels and splits are not used.
+
+    ``split_file``: a split saved by ``save_link_split`` instead of a drawn one (``val``, ``test``,
+    ``seed``, ``undirected`` and ``neg_per_source`` then unused), so that other systems score the
+    very same pairs; it is checked against ``dataset``'s graph (its negatives are non-edges)."""
+    if split_file is not None:
+        training_graph, split = load_link_split(split_file, num_nodes=dataset.num_nodes)
+        check_link_split(split, dataset.num_nodes, graph=dataset.graph, source=str(split_file))
+        return replace(dataset, graph=training_graph), EdgeSeeds(split, negatives, exclude)
     training_graph, split = random_link_split(
         dataset.graph, val=val, test=test, seed=seed, undirected=undirected, neg_per_source=neg_per_source
     )
