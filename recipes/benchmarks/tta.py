@@ -390,8 +390,8 @@ def describe(config: dict | str) -> str:
     return f"lr {config['lr']:g}, batch {config['batch_size']}, workers {config.get('num_workers', 0)}"
 
 
-def plot(result: dict, path: Path) -> None:
-    """Validation metric against wall time, the median seed of each system, DGL's target dashed."""
+def plot(result: dict, path: Path, target_label: str = "DGL's best - margin") -> None:
+    """Validation metric against wall time, the median seed of each system, the target dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -405,7 +405,7 @@ def plot(result: dict, path: Path) -> None:
             continue
         walls, vals = [c[0] for c in run["curve"]], [c[2] for c in run["curve"]]
         ax.plot(walls, vals, marker=".", ms=3, lw=1, label=f"{system} (seed {run['seed']})")
-    ax.axhline(target, color="grey", ls="--", lw=0.8, label="DGL's best - margin")
+    ax.axhline(target, color="grey", ls="--", lw=0.8, label=target_label)
     ax.set_xscale("log")
     ax.set_xlabel("wall time since training start, s (validation included)")
     ax.set_ylabel("validation metric")

@@ -5,6 +5,7 @@ benchmark on cora, converted from its committed files: the report's structure, n
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 
@@ -68,7 +69,9 @@ def test_the_gae_reference_trains_full_batch_and_scores_the_splits_pairs(benchma
 def test_our_recipe_trains_on_the_saved_split_and_gives_its_curve_and_scores(benchmarks, tmp_path):
     from benchmarks import link
 
-    args = argparse.Namespace(val=0.05, test=0.10, split_seed=3, neg_per_source=20, budget_s=120)
+    args = argparse.Namespace(
+        val=0.05, test=0.10, split_seed=3, neg_per_source=20, budget_s=120, gae_budget_s=120
+    )
     split = link.write_split("generated_links", tmp_path / "split.npz", args)
     overrides = ["task=link", "model=sage", "trainer.max_steps=4", "val_every_batches=2", "val_share=null"]
     run = link.run_ours("sage", overrides, "generated_links", split, 0, args)
@@ -141,6 +144,7 @@ def test_the_bench_runs_every_system_on_one_split_and_reports_them(
         "--seeds=0",
         "--systems=gae,dgl,sage,gcn",
         "--budget-s=3",
+        "--gae-budget-s=3",
         "--max-epochs=2",
         "--gae-epochs=3",
         "--lrs=0.01",
@@ -162,6 +166,8 @@ def test_the_bench_runs_every_system_on_one_split_and_reports_them(
         assert "error" not in one, (system, one)
         assert one["config"]["split"] == split["fingerprint"] and one["curve"] and one["epoch_s"] > 0
         assert set(one["test_scores"]) == {"hits", "mrr", "auc"}, system
+    plotted = importlib.util.find_spec("matplotlib") is not None  # the DGL environment has none
+    assert (out / "cora.png").exists() == plotted
     text = (out / "link.md").read_text()
     assert text.count("| cora |") == 7  # five systems, two models against the GAE
     assert "python recipes/bench.py link --datasets=cora" in text
