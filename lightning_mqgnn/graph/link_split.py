@@ -21,7 +21,9 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -348,7 +350,7 @@ def read_link_split_files(
                 )
             arrays[field] = value.to(torch.int64)
         elif field in POSITIVES + NEGATIVES:
-            arrays[field] = torch.stack(edge_pairs(where, read_array(path, "edges"), 1 << 62))
+            arrays[field] = torch.stack(edge_pairs(where, _pair_array(path, field), 1 << 62))
         else:
             raise ValueError(
                 f"link split: unknown field {field!r} ({path}); expected {', '.join(POSITIVES + NEGATIVES)} "
@@ -399,3 +401,53 @@ def link_split_of(
         test_neg_per_source=arrays.get("test_neg_per_source"),
     )
     return check_link_split(split, num_nodes, graph=graph, source=files, strict=strict)
+
+
+def _pair_array(path: Path, field: str) -> Any:
+    """A pair file's array: in a multi-array ``.npz``/``.pt`` the one named ``field`` (a whole
+    split in one file, ``save_link_split``), otherwise the file read as an edge list."""
+    if path.suffix.lower() in (".npz", ".pt"):
+        try:
+            return read_array(path, field)
+        except ValueError:  # no array of that name: read as edges, which names what it found
+            pass
+    return read_array(path, "edges")
+
+
+def save_link_split(split: LinkSplit, path: str | os.PathLike) -> Path:
+    """``split`` as one ``.npz``, an array per field and its ``num_nodes`` and ``undirected``: the
+    one file every system of a benchmark reads (``load_link_split``), so all score the same pairs."""
+    fields = {f: getattr(split, f) for f in (*POSITIVES, *NEGATIVES, *PER_SOURCE)}
+    arrays = {f: v.numpy() for f, v in fields.items() if v is not None}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:  # a file object: np.savez would append .npz to another suffix
+        np.savez(f, **arrays, num_nodes=np.int64(split.num_nodes), undirected=np.bool_(split.undirected))
+    return path
+
+
+def load_link_split(path: str | os.PathLike, num_nodes: int | None = None) -> tuple[CSRGraph, LinkSplit]:
+    """The split ``save_link_split`` wrote, read and checked by ``load_link_split_files`` (one file
+    for every field), and its training graph. ``num_nodes``: the graph's, which must be the file's."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"link split file not found: {path}")
+    with np.load(path, allow_pickle=False) as f:
+        held = set(f.files)
+        meta = {k: f[k].item() for k in ("num_nodes", "undirected") if k in held}
+    missing = sorted({*POSITIVES, *NEGATIVES, "num_nodes", "undirected"} - held)
+    if missing:
+        raise ValueError(
+            f"link split ({path}): no {', '.join(missing)}; a split file is what save_link_split writes"
+        )
+    if num_nodes is not None and num_nodes != meta["num_nodes"]:
+        raise ValueError(
+            f"link split ({path}): a split of {meta['num_nodes']} nodes, the graph has {num_nodes}"
+        )
+    per_source = {f: path for f in PER_SOURCE if f in held}
+    return load_link_split_files(
+        *(path for _ in (*POSITIVES, *NEGATIVES)),
+        num_nodes=int(meta["num_nodes"]),
+        undirected=bool(meta["undirected"]),
+        **per_source,
+    )

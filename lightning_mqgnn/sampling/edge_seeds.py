@@ -20,7 +20,7 @@ from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.dataset import GraphDataset
 from lightning_mqgnn.graph.edge_keys import contains, pair_keys, sorted_keys
 from lightning_mqgnn.graph.link_dataset import LinkDataset
-from lightning_mqgnn.graph.link_split import LinkSplit, random_link_split
+from lightning_mqgnn.graph.link_split import LinkSplit, check_link_split, load_link_split, random_link_split
 from lightning_mqgnn.models.inference import FullGraphLoader, LinkEvalBatch
 from lightning_mqgnn.sampling.base import Sampler
 from lightning_mqgnn.sampling.batch import Block, MiniBatch
@@ -225,11 +225,20 @@ def random_edge_seeds(
     undirected: bool = True,
     neg_per_source: int | None = None,
     exclude: str = "reverse",
+    split_file: str | None = None,
 ) -> tuple[GraphDataset, EdgeSeeds]:
     """Link prediction on any dataset: a seeded split of its edges (``random_link_split``: 85/5/10
     by default, fixed negatives for validation and test, with ``neg_per_source`` each positive's
     own negatives for MRR), and the dataset over the training graph, which no held-out edge is
-    in. The node features come along; the node labels and splits are not used."""
+    in. The node features come along; the node labels and splits are not used.
+
+    ``split_file``: a split saved by ``save_link_split`` instead of a drawn one (``val``, ``test``,
+    ``seed``, ``undirected`` and ``neg_per_source`` then unused), so that other systems score the
+    very same pairs; it is checked against ``dataset``'s graph (its negatives are non-edges)."""
+    if split_file is not None:
+        training_graph, split = load_link_split(split_file, num_nodes=dataset.num_nodes)
+        check_link_split(split, dataset.num_nodes, graph=dataset.graph, source=str(split_file))
+        return replace(dataset, graph=training_graph), EdgeSeeds(split, negatives, exclude)
     training_graph, split = random_link_split(
         dataset.graph, val=val, test=test, seed=seed, undirected=undirected, neg_per_source=neg_per_source
     )
@@ -245,11 +254,12 @@ def edge_seeds(
     undirected: bool = True,
     neg_per_source: int | None = None,
     exclude: str = "reverse",
+    split_file: str | None = None,
 ) -> tuple[GraphDataset, EdgeSeeds]:
     """The link task's seeds for whatever the data config gave: a ``LinkDataset`` trains on its
     own split (an OGB benchmark's, or split files; ``val``, ``test``, ``seed``, ``undirected`` and
     ``neg_per_source`` do not apply to it), any other dataset on a seeded random split of its
-    edges (``random_edge_seeds``)."""
+    edges, or on the split saved in ``split_file`` (``random_edge_seeds``)."""
     if isinstance(dataset, LinkDataset):
         return dataset.dataset, EdgeSeeds(dataset.split, negatives, exclude)
     return random_edge_seeds(
@@ -261,4 +271,5 @@ def edge_seeds(
         undirected=undirected,
         neg_per_source=neg_per_source,
         exclude=exclude,
+        split_file=split_file,
     )

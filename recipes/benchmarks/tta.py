@@ -67,7 +67,10 @@ READING_SHARE = 0.02  # of the run's CPU time, at most, spent reading its memory
 
 
 def run_process(
-    cmd: list[str], timeout: float, peak: Callable[[int], float] | None = None
+    cmd: list[str],
+    timeout: float,
+    peak: Callable[[int], float] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, str, str, float]:
     """Run ``cmd``; ``(exit status, stdout, stderr, peak RSS in MB)``. The peak is ``peak(pid)``'s
     largest reading, every 0.1 s while it runs, or less often when a reading costs more than
@@ -75,10 +78,10 @@ def run_process(
     page tables: a third of a core at 0.1 s beside a 46 GB mapping); by default the process's own
     ``VmHWM`` since its exec (not its children's; ``tree_pss_mb`` sums a process tree):
     ``ru_maxrss`` would also count the launching process's pages, which a vfork-ed child holds
-    until it execs. Killed after ``timeout`` seconds."""
+    until it execs. Killed after ``timeout`` seconds; ``env``: its environment (``quiet_env``)."""
     peak = peak or high_water_mb
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=quiet_env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=quiet_env if env is None else env)
         deadline = time.monotonic() + timeout
         peak_mb = 0.0
         while proc.poll() is None:
@@ -387,8 +390,8 @@ def describe(config: dict | str) -> str:
     return f"lr {config['lr']:g}, batch {config['batch_size']}, workers {config.get('num_workers', 0)}"
 
 
-def plot(result: dict, path: Path) -> None:
-    """Validation metric against wall time, the median seed of each system, DGL's target dashed."""
+def plot(result: dict, path: Path, target_label: str = "DGL's best - margin") -> None:
+    """Validation metric against wall time, the median seed of each system, the target dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -402,7 +405,7 @@ def plot(result: dict, path: Path) -> None:
             continue
         walls, vals = [c[0] for c in run["curve"]], [c[2] for c in run["curve"]]
         ax.plot(walls, vals, marker=".", ms=3, lw=1, label=f"{system} (seed {run['seed']})")
-    ax.axhline(target, color="grey", ls="--", lw=0.8, label="DGL's best - margin")
+    ax.axhline(target, color="grey", ls="--", lw=0.8, label=target_label)
     ax.set_xscale("log")
     ax.set_xlabel("wall time since training start, s (validation included)")
     ax.set_ylabel("validation metric")

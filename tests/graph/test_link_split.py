@@ -1,4 +1,4 @@
-"""random_link_split, check_link_split and load_link_split_files: sizes, determinism, no leakage,
+"""random_link_split, check_link_split, load_link_split_files and save/load_link_split: sizes, determinism, no leakage,
 negatives that are non-edges, and one-line errors naming the field and value."""
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from lightning_mqgnn.graph.csr import CSRGraph
 from lightning_mqgnn.graph.link_split import (
     LinkSplit,
     check_link_split,
+    load_link_split,
     load_link_split_files,
     random_link_split,
+    save_link_split,
 )
 
 
@@ -239,3 +241,40 @@ def test_files_infer_num_nodes_and_name_a_bad_file(tmp_path, split):
     paths["test_pos"].write_text("0,1\n1,x\n")
     message = one_line(load_link_split_files, **paths)
     assert str(paths["test_pos"]) in message and "line 2" in message
+
+
+def test_a_saved_split_reads_back_whole_from_one_file(tmp_path, graph):
+    train_graph, s = random_link_split(graph, seed=3, neg_per_source=5)
+    path = save_link_split(s, tmp_path / "split.npz")
+    loaded_graph, loaded = load_link_split(path, num_nodes=graph.num_nodes)
+    for f in (
+        "train",
+        "val_pos",
+        "test_pos",
+        "val_neg",
+        "test_neg",
+        "val_neg_per_source",
+        "test_neg_per_source",
+    ):
+        assert torch.equal(getattr(loaded, f), getattr(s, f)), f
+    assert (loaded.num_nodes, loaded.undirected) == (s.num_nodes, s.undirected)
+    assert torch.equal(loaded_graph.indptr, train_graph.indptr)
+    assert torch.equal(loaded_graph.indices, train_graph.indices)
+    _, plain = random_link_split(graph, seed=3)  # no per-source negatives: none read back
+    _, loaded = load_link_split(save_link_split(plain, tmp_path / "plain.npz"))
+    assert loaded.val_neg_per_source is None and loaded.test_neg_per_source is None
+
+
+def test_a_split_file_of_another_graph_or_format_is_refused_in_one_line(tmp_path, graph):
+    _, s = random_link_split(graph, seed=3)
+    path = save_link_split(s, tmp_path / "split.npz")
+    message = one_line(load_link_split, path, num_nodes=graph.num_nodes + 1)
+    assert (
+        str(path) in message
+        and f"a split of {graph.num_nodes} nodes, the graph has {graph.num_nodes + 1}" in message
+    )
+    np.savez(tmp_path / "edges.npz", edges=s.train.numpy())
+    message = one_line(load_link_split, tmp_path / "edges.npz")
+    assert "no num_nodes, test_neg, test_pos, train, undirected, val_neg, val_pos" in message
+    with pytest.raises(FileNotFoundError, match="link split file not found"):
+        load_link_split(tmp_path / "missing.npz")

@@ -8,7 +8,8 @@ import torch
 from helpers.graphs import random_graph
 from helpers.pipeline import small_dataset
 
-from lightning_mqgnn.graph.link_split import random_link_split
+from lightning_mqgnn.graph.csr import CSRGraph
+from lightning_mqgnn.graph.link_split import random_link_split, save_link_split
 from lightning_mqgnn.pipeline import (
     BatchSource,
     EpochPlan,
@@ -153,3 +154,20 @@ def test_every_loader_delivers_the_same_edge_batches(mode):
         for a, b in zip(batch.blocks, expected.blocks, strict=True):
             assert torch.equal(a.indices, b.indices) and torch.equal(a.weights, b.weights)
         assert batch.aggregated is not None  # the gather stage aggregated the endpoints' first layer
+
+
+def test_edge_seeds_from_a_split_file_score_its_pairs_and_refuse_another_graphs(tmp_path):
+    ds = small_dataset(num_nodes=600)
+    drawn_ds, drawn = random_edge_seeds(ds, UniformNegatives(k=1), seed=5, neg_per_source=3)
+    path = save_link_split(drawn.split, tmp_path / "split.npz")
+    loaded_ds, loaded = random_edge_seeds(ds, UniformNegatives(k=1), seed=0, split_file=str(path))
+    for f in ("train", "val_pos", "test_pos", "val_neg", "test_neg", "test_neg_per_source"):
+        assert torch.equal(getattr(loaded.split, f), getattr(drawn.split, f)), f
+    assert torch.equal(loaded_ds.graph.indices, drawn_ds.graph.indices)
+    assert torch.equal(loaded_ds.features, ds.features)
+    with pytest.raises(ValueError, match=r"split.npz\): a split of 600 nodes, the graph has 500"):
+        random_edge_seeds(small_dataset(num_nodes=500), UniformNegatives(k=1), split_file=str(path))
+    src, dst = drawn.split.val_neg[:, :1]  # a graph in which one of the split's negatives is an edge
+    graph = CSRGraph.from_edges(torch.cat([ds.graph.row_ids(), src]), torch.cat([ds.graph.indices, dst]), 600)
+    with pytest.raises(ValueError, match=r"split.npz\): field 'val_neg' holds 1 true edges"):
+        random_edge_seeds(dataclasses.replace(ds, graph=graph), UniformNegatives(k=1), split_file=str(path))
