@@ -12,8 +12,8 @@ it runs.
 
 The constants weigh the kinds of work against each other as the 2-core VM runs them (SAGE 5,5,
 hidden 128, ten graphs from 3k to 200k nodes, 10 to 8,415 features: measured validation over
-batch time within a factor 2 of this estimate on all but two bag-of-words citation graphs, whose
-validations it overestimates by at most 3x). A multiply-add of a dense product is the unit.
+batch time within a factor 1.9 of this estimate on all ten). A multiply-add of a dense product
+is the unit.
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ from lightning_mqgnn.sampling.batch import MiniBatch
 # an aggregated element (a source row's column read at random and added to its destination's)
 # costs about as much as 16 multiply-adds of a dense product, which streams cached operands
 EDGE_ELEMENT_WORK = 16
+# a non-zero of sparse features multiplied by a layer's weights (``layers.unbiased_linear``) adds
+# a row of the weights per output column: read in the order of the non-zeros' columns from a
+# matrix small enough to stay cached, each about 4 multiply-adds' worth
+SPARSE_ELEMENT_WORK = 4
 # a training step's fixed cost (Python, kernel launches, the optimiser's step): about 2.5 ms,
 # what a dense product does in multiply-adds in that time
 STEP_WORK = 80_000_000
@@ -107,7 +111,7 @@ def inference_work(
         else:
             num_dst, num_edges = rows.numel(), int(degrees[rows].sum())
         if i == 0 and input_nonzeros is not None:
-            per_input = width.multiply_adds / max(1, width.inputs)
+            per_input = width.multiply_adds / max(1, width.inputs) * SPARSE_ELEMENT_WORK
             work += input_nonzeros * per_input + num_edges * width.outputs * EDGE_ELEMENT_WORK
         else:
             work += layer_work(num_src, num_dst, num_edges, width)

@@ -11,6 +11,7 @@ from lightning_mqgnn.models.inference import FullGraphInference
 from lightning_mqgnn.models.work import (
     EDGE_ELEMENT_WORK,
     INPUT_LAYER_PASSES,
+    SPARSE_ELEMENT_WORK,
     STEP_WORK,
     TRAINING_PASSES,
     LayerWidth,
@@ -64,7 +65,7 @@ def test_inference_weighs_each_layer_over_its_rows_in_edges_with_the_rows_below_
     scored = layer_work(graph.num_nodes, 3, int(degrees[rows].sum()), widths[1])
     assert inference_work(graph, [None, rows], widths) == every + scored
     # sparse features: the first layer maps every node's non-zeros, then aggregates its outputs
-    sparse = 50 * 144 / 12 + graph.num_edges * 6 * EDGE_ELEMENT_WORK
+    sparse = 50 * 144 / 12 * SPARSE_ELEMENT_WORK + graph.num_edges * 6 * EDGE_ELEMENT_WORK
     assert inference_work(graph, [None, rows], widths, input_nonzeros=50) == sparse + scored
 
 
