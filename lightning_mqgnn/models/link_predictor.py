@@ -19,7 +19,6 @@ from lightning_mqgnn.graph.link_dataset import LINK_METRICS
 from lightning_mqgnn.models.inference import FullGraphBatch, LinkEvalBatch
 from lightning_mqgnn.models.link_metrics import hits_at_k, mrr, roc_auc
 from lightning_mqgnn.models.node_classifier import NodeClassifier
-from lightning_mqgnn.models.work import inference_work
 from lightning_mqgnn.sampling.batch import MiniBatch
 
 DECODERS = ("dot", "mlp")
@@ -233,12 +232,6 @@ class LinkPredictor(NodeClassifier):
             self.log(f"{split}/{name}", value, batch_size=pos.numel())
 
     @override
-    def validation_work(self) -> float:
-        """Exact inference for the validation pairs' endpoints (``models.work``)."""
-        trainer = self.trainer
-        datamodule = trainer.datamodule
-        nodes = datamodule.val_dataloader().batch.nodes
-        inference = self._inference_of(datamodule.dataset)
-        rows = inference.rows_per_layer(nodes, len(self.layers))
-        nonzeros = inference.input_nonzeros(self.layers[0], trainer.strategy.root_device)
-        return inference_work(datamodule.dataset.graph, rows, self.layer_widths, nonzeros)
+    def _validation_nodes(self) -> Tensor:
+        """The validation pairs' endpoints: what validation's exact inference computes."""
+        return self.trainer.datamodule.val_dataloader().batch.nodes

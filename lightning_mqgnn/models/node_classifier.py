@@ -191,9 +191,13 @@ class NodeClassifierBase(pl.LightningModule):
         trainer = self.trainer
         dataset = trainer.datamodule.dataset
         inference = self._inference_of(dataset)
-        rows = inference.rows_per_layer(dataset.val_idx, len(self.layers))
+        rows = inference.rows_per_layer(self._validation_nodes(), len(self.layers))
         nonzeros = inference.input_nonzeros(self.layers[0], trainer.strategy.root_device)
         return inference_work(dataset.graph, rows, self.layer_widths, nonzeros)
+
+    def _validation_nodes(self) -> Tensor:
+        """The nodes a validation computes outputs for: the DataModule's validation split."""
+        return self.trainer.datamodule.dataset.val_idx
 
     def _full_graph_logits(self, batch: FullGraphBatch) -> Tensor:
         return self._inference_of(batch.dataset).run(self.layers, torch.relu_, batch.nodes, self.device)
